@@ -1,0 +1,3 @@
+from yolo_ray.cli import main
+
+raise SystemExit(main())

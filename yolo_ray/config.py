@@ -1,0 +1,309 @@
+"""Experiment config: the YAML schema, `key=value` overrides, and checks that need no cluster.
+
+A config has five sections (model, data, train, scaling, run) plus `tracking` and `tune`. Every key is typed; a bad
+value raises ConfigError naming the file, the key and the fix, before Ray or a GPU is touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+EMBEDDED = "<embedded default>"
+
+
+class ConfigError(ValueError):
+    """A bad experiment config: one paragraph naming the file, the key and the fix."""
+
+    def __init__(self, source: str, key: str, problem: str, fix: str):
+        self.source, self.key, self.problem, self.fix = source, key, problem, fix
+        super().__init__(f"{source}: {key}: {problem} Fix: {fix}")
+
+
+@dataclass
+class SyntheticData:
+    """Size of the generated shapes dataset (used when data.path is `synthetic`)."""
+
+    images: int = 384
+    imgsz: int = 128
+    classes: int = 3
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    path: str = "synthetic"  # a data.yaml, or `synthetic` to generate one into `dir`
+    dir: str = "datasets/shapes"
+    synthetic: SyntheticData = field(default_factory=SyntheticData)
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 30
+    imgsz: int = 128
+    batch: int = 32  # GLOBAL batch: each Ray worker takes batch / num_workers images per step
+    accumulate: Union[int, None] = None  # None: Ultralytics' rule round(64 / batch); k: optimizer step every k batches
+    lr0: float = 0.01
+    lrf: float = 0.01
+    optimizer: Literal["SGD", "MuSGD", "Adam", "Adamax", "AdamW", "NAdam", "RAdam", "RMSProp", "auto"] = "SGD"
+    momentum: float = 0.937
+    weight_decay: float = 0.0005
+    warmup_epochs: float = 3.0
+    cos_lr: bool = False
+    amp: bool = True
+    sync_bn: bool = False
+    cache: Union[bool, Literal["ram", "disk"]] = False
+    workers: int = 2  # data loader processes per Ray worker
+    seed: int = 0
+    deterministic: bool = True
+    close_mosaic: int = 10
+    patience: int = 100
+    val: bool = True
+    plots: bool = True
+    extra: dict = field(default_factory=dict)  # any other Ultralytics train argument (mosaic, hsv_h, fliplr, ...)
+
+
+@dataclass
+class ScalingSection:
+    num_workers: Union[int, Literal["auto"]] = "auto"  # auto: one per GPU in the cluster, else 2
+    use_gpu: Union[bool, Literal["auto"]] = "auto"  # auto: GPUs when the cluster has them
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 1.0
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    autoscaling: bool = False  # true: an autoscaler may add nodes, so skip the "cluster can never fit it" check
+
+
+@dataclass
+class RunSection:
+    name: str = "smoke"
+    storage_path: str = "runs"  # shared storage on a multi-node cluster (NFS, a mounted volume)
+    max_failures: int = 0  # worker-group restarts from the last epoch checkpoint
+    checkpoints_to_keep: int = 2
+    ray_address: Union[str, None] = None  # None: RAY_ADDRESS, else a local Ray started for this run
+    fail_at_epoch: Union[int, None] = None  # fault injection: raise after this epoch's checkpoint (first attempt)
+    fail_rank: int = 0
+
+
+@dataclass
+class ExperimentConfig:
+    model: str = "yolo11n.yaml"  # a YOLO11 yaml (built from scratch) or a local .pt
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    run: RunSection = field(default_factory=RunSection)
+    tracking: dict = field(default_factory=dict)  # MLflow (see tracking issue)
+    tune: dict = field(default_factory=dict)  # Ray Tune sweep (see tune issue)
+    source: str = field(default=EMBEDDED, metadata={"internal": True})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+
+# --------------------------------------------------------------------------------------------------- parsing
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
+    """(ok, value) if value fits type tp; ints are accepted where floats are wanted."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in typing.get_args(tp)), value
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, v = _coerce(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if tp is type(None):
+        return value is None, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if tp is str:
+        return isinstance(value, str), value
+    if tp is dict:
+        return isinstance(value, dict), value
+    return isinstance(value, tp), value
+
+
+def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(source, prefix or "<top level>", f"expected a mapping, got {raw!r}.",
+                          f"write `{prefix or 'the file'}` as `key: value` lines.")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+    kwargs = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean `{prefix + '.' if prefix else ''}{close[0]}`?" if close else (
+                f"valid keys here: {', '.join(names)}.")
+            raise ConfigError(source, dotted, "unknown key.", f"remove it or rename it; {hint}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value if value is not None else {}, source, dotted)
+            continue
+        ok, coerced = _coerce(value, tp)
+        if not ok:
+            raise ConfigError(source, dotted, f"{value!r} is not a valid value; expected {_describe(tp)}.",
+                              f"set `{dotted}` to {_describe(tp)}.")
+        kwargs[key] = coerced
+    return cls(**kwargs)
+
+
+def _deep_set(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise KeyError(dotted)
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str], source: str = "command line") -> dict:
+    """`train.epochs=5 scaling.num_workers=4` -> nested dict; values are parsed as YAML scalars."""
+    tree: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(source, item, "is not a `key=value` override.", "write overrides as `train.epochs=5`.")
+        try:
+            _deep_set(tree, key.strip(), yaml.safe_load(text) if text else None)
+        except KeyError:
+            raise ConfigError(source, key, "sets a key below a value that is not a section.",
+                              "check the dotted path, e.g. `train.extra.mosaic=0.5`.") from None
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load a YAML experiment (or the embedded default when path is None) and apply overrides."""
+    raw: dict = {}
+    source = EMBEDDED
+    if path is not None:
+        source = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(source, "<file>", "the experiment file does not exist.",
+                              "pass a YAML file such as experiments/smoke.yaml (or none for the embedded default).")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(source, "<file>", f"is not valid YAML ({e}).", "fix the YAML syntax.") from None
+    if overrides:
+        raw = _merge(raw, parse_overrides(overrides, source=f"{source} (command-line override)"))
+    cfg = _build(ExperimentConfig, raw, source, "")
+    cfg.source = source
+    check_static(cfg)
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------------- checks
+
+
+def ultralytics_train_keys() -> set[str]:
+    """Keys of Ultralytics' default.yaml, read from the installed package without importing it."""
+    spec = importlib.util.find_spec("ultralytics")
+    if spec is None or not spec.submodule_search_locations:
+        return set()
+    default = Path(next(iter(spec.submodule_search_locations))) / "cfg" / "default.yaml"
+    return set((yaml.safe_load(default.read_text()) or {}).keys())
+
+
+# Keys yolo_ray sets itself: passing them through train.extra would fight the launcher.
+MANAGED_KEYS = {"model", "data", "device", "project", "name", "exist_ok", "resume", "save_dir", "nbs", "batch", "mode",
+                "task"}
+
+
+def check_static(cfg: ExperimentConfig) -> None:
+    """Checks that need neither the dataset nor the cluster."""
+    s, t, sc, r = cfg.source, cfg.train, cfg.scaling, cfg.run
+    if t.epochs < 1:
+        raise ConfigError(s, "train.epochs", f"must be >= 1, got {t.epochs}.", "set train.epochs to 1 or more.")
+    if t.imgsz < 32 or t.imgsz % 32:
+        up = max(32, (t.imgsz + 31) // 32 * 32)
+        raise ConfigError(s, "train.imgsz", f"{t.imgsz} is not a multiple of 32 (YOLO11's largest stride).",
+                          f"use {up} or another multiple of 32.")
+    if t.batch < 1:
+        raise ConfigError(s, "train.batch", f"must be a positive global batch size, got {t.batch}.",
+                          "set train.batch to the total images per step across all workers, e.g. 32.")
+    if t.accumulate is not None and t.accumulate < 1:
+        raise ConfigError(s, "train.accumulate", f"must be >= 1, got {t.accumulate}.",
+                          "set train.accumulate to 1 (no accumulation) or more, or null for Ultralytics' rule.")
+    if t.workers < 0:
+        raise ConfigError(s, "train.workers", f"must be >= 0, got {t.workers}.", "set train.workers to 0 or more.")
+    if isinstance(sc.num_workers, int):
+        if sc.num_workers < 1:
+            raise ConfigError(s, "scaling.num_workers", f"must be >= 1, got {sc.num_workers}.",
+                              "set scaling.num_workers to 1 or more, or `auto`.")
+        check_batch_divides(cfg, sc.num_workers)
+    if sc.cpus_per_worker <= 0:
+        raise ConfigError(s, "scaling.cpus_per_worker", "must be > 0.", "set it to 1 or more.")
+    if r.checkpoints_to_keep < 1:
+        raise ConfigError(s, "run.checkpoints_to_keep", "must be >= 1 to resume after a failure.", "set it to 1 or more.")
+    if r.max_failures < -1:
+        raise ConfigError(s, "run.max_failures", "must be -1 (retry forever), 0 or more.", "set it to 0 or more.")
+    if r.fail_at_epoch is not None and not 1 <= r.fail_at_epoch < t.epochs:
+        raise ConfigError(s, "run.fail_at_epoch", f"{r.fail_at_epoch} is outside 1..epochs-1 ({t.epochs - 1}).",
+                          "pick an epoch after which training still has epochs left, or null.")
+    if not r.name or "/" in r.name:
+        raise ConfigError(s, "run.name", f"{r.name!r} is not a plain name.", "use letters, digits, '-' or '_'.")
+    if t.sync_bn and sc.use_gpu is False:
+        raise ConfigError(s, "train.sync_bn", "SyncBatchNorm runs only on GPUs (NCCL); scaling.use_gpu is false.",
+                          "set train.sync_bn: false for CPU runs.")
+    known = ultralytics_train_keys()
+    for key in t.extra:
+        if key in MANAGED_KEYS:
+            raise ConfigError(s, f"train.extra.{key}", "is set by yolo_ray itself.",
+                              f"remove it (batch and accumulate live in train.*; device comes from scaling.*).")
+        if known and key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            raise ConfigError(s, f"train.extra.{key}", "is not an Ultralytics train argument.",
+                              f"remove it{f' or use `{close[0]}`' if close else ''}.")
+    if cfg.data.path == "synthetic":
+        syn = cfg.data.synthetic
+        if syn.imgsz < 32 or not 1 <= syn.classes <= 8 or syn.images < 2:
+            raise ConfigError(s, "data.synthetic", "needs imgsz >= 32, 1..8 classes and at least 2 images.",
+                              "fix data.synthetic.images / imgsz / classes.")
+
+
+def check_batch_divides(cfg: ExperimentConfig, num_workers: int) -> None:
+    b = cfg.train.batch
+    if b % num_workers:
+        lo, hi = b // num_workers * num_workers, (b // num_workers + 1) * num_workers
+        raise ConfigError(cfg.source, "train.batch",
+                          f"global batch {b} does not divide by scaling.num_workers={num_workers} "
+                          "(each Ray worker takes batch / num_workers images).",
+                          f"set train.batch to a multiple of {num_workers}, e.g. {lo or hi} or {hi}.")

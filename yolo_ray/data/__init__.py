@@ -1,0 +1,1 @@
+"""Datasets: the generated shapes set and the checks run before training."""

@@ -1,0 +1,169 @@
+"""A generated, learnable detection dataset: coloured shapes on textured backgrounds, in YOLO format.
+
+Each class is a shape (circle, square, triangle, ...). Backgrounds are smooth colour noise with stripes so the
+detector must learn shape, not colour or contrast alone. Images are written in parallel, one seed per image, so a
+dataset is reproducible whatever the number of processes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import yaml
+
+SHAPES = ("circle", "square", "triangle", "cross", "diamond", "hexagon", "star", "ring")
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    """What to generate; `images` is the train split size, val gets a fifth of it (at least 8)."""
+
+    images: int = 256
+    imgsz: int = 128
+    classes: int = 3
+    seed: int = 0
+    max_objects: int = 4
+
+    @property
+    def val_images(self) -> int:
+        return max(8, self.images // 5)
+
+    def validate(self) -> None:
+        if not 1 <= self.classes <= len(SHAPES):
+            raise ValueError(f"classes must be between 1 and {len(SHAPES)} (one per shape), got {self.classes}")
+        if self.images < 1 or self.imgsz < 32 or self.max_objects < 1:
+            raise ValueError("images >= 1, imgsz >= 32 and max_objects >= 1 are required")
+
+
+def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+    cells = int(rng.integers(3, 9))
+    noise = rng.integers(40, 216, size=(cells, cells, 3), dtype=np.uint8)
+    img = cv2.resize(noise, (size, size), interpolation=cv2.INTER_CUBIC)
+    for _ in range(int(rng.integers(2, 6))):  # stripes: edges that are not objects
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        p1 = tuple(int(v) for v in rng.integers(0, size, 2))
+        p2 = tuple(int(v) for v in rng.integers(0, size, 2))
+        cv2.line(img, p1, p2, colour, int(rng.integers(1, max(2, size // 64) + 1)))
+    return img
+
+
+def _polygon(cx: float, cy: float, r: float, n: int, phase: float, inner: float | None = None) -> np.ndarray:
+    pts = []
+    steps = n * 2 if inner else n
+    for i in range(steps):
+        rad = r if (inner is None or i % 2 == 0) else r * inner
+        a = phase + 2 * math.pi * i / steps
+        pts.append((cx + rad * math.cos(a), cy + rad * math.sin(a)))
+    return np.round(np.array(pts)).astype(np.int32)
+
+
+def _draw(img: np.ndarray, shape: str, cx: float, cy: float, r: float, colour: tuple[int, ...]) -> None:
+    c, ri = (int(round(cx)), int(round(cy))), int(round(r))
+    if shape == "circle":
+        cv2.circle(img, c, ri, colour, -1, cv2.LINE_AA)
+    elif shape == "ring":
+        cv2.circle(img, c, ri, colour, max(2, ri // 3), cv2.LINE_AA)
+    elif shape == "square":
+        cv2.rectangle(img, (c[0] - ri, c[1] - ri), (c[0] + ri, c[1] + ri), colour, -1)
+    elif shape == "cross":
+        w = max(2, ri // 3)
+        cv2.rectangle(img, (c[0] - ri, c[1] - w), (c[0] + ri, c[1] + w), colour, -1)
+        cv2.rectangle(img, (c[0] - w, c[1] - ri), (c[0] + w, c[1] + ri), colour, -1)
+    else:
+        n, phase, inner = {
+            "triangle": (3, -math.pi / 2, None),
+            "diamond": (4, 0.0, None),
+            "hexagon": (6, 0.0, None),
+            "star": (5, -math.pi / 2, 0.45),
+        }[shape]
+        cv2.fillPoly(img, [_polygon(cx, cy, r, n, phase, inner)], colour, cv2.LINE_AA)
+
+
+def _box(shape: str, cx: float, cy: float, r: float) -> tuple[float, float, float, float]:
+    """Tight box (x1, y1, x2, y2) of a drawn shape."""
+    if shape in ("triangle", "star"):
+        n, inner = (3, None) if shape == "triangle" else (5, 0.45)
+        pts = _polygon(cx, cy, r, n, -math.pi / 2, inner)
+        return float(pts[:, 0].min()), float(pts[:, 1].min()), float(pts[:, 0].max()), float(pts[:, 1].max())
+    return cx - r, cy - r, cx + r, cy + r
+
+
+def make_image(spec: SynthSpec, index: int, split_seed: int) -> tuple[np.ndarray, list[tuple[int, float, float, float, float]]]:
+    """One image and its YOLO labels (class, cx, cy, w, h normalised); deterministic in (seed, split, index)."""
+    rng = np.random.default_rng([spec.seed, split_seed, index])
+    size = spec.imgsz
+    img = _background(rng, size)
+    labels: list[tuple[int, float, float, float, float]] = []
+    placed: list[tuple[float, float, float]] = []
+    for _ in range(int(rng.integers(1, spec.max_objects + 1))):
+        for _attempt in range(20):  # keep objects apart so every one is visible
+            r = float(rng.uniform(0.08, 0.2) * size)
+            cx, cy = (float(v) for v in rng.uniform(r + 1, size - r - 1, 2))
+            if all(math.hypot(cx - px, cy - py) > (r + pr) * 1.05 for px, py, pr in placed):
+                break
+        else:
+            continue
+        cls = int(rng.integers(0, spec.classes))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        _draw(img, SHAPES[cls], cx, cy, r, colour)
+        x1, y1, x2, y2 = (min(max(v, 0.0), size - 1.0) for v in _box(SHAPES[cls], cx, cy, r))
+        placed.append((cx, cy, r))
+        labels.append((cls, (x1 + x2) / 2 / size, (y1 + y2) / 2 / size, (x2 - x1) / size, (y2 - y1) / size))
+    return img, labels
+
+
+def _write_chunk(args: tuple[SynthSpec, str, int, int, int]) -> int:
+    spec, split_dir, split_seed, start, stop = args
+    root = Path(split_dir)
+    for i in range(start, stop):
+        img, labels = make_image(spec, i, split_seed)
+        cv2.imwrite(str(root / "images" / f"{i:06d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 92])
+        lines = "".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
+        (root / "labels" / f"{i:06d}.txt").write_text(lines)
+    return stop - start
+
+
+def generate(out_dir: str | os.PathLike, spec: SynthSpec, processes: int | None = None) -> Path:
+    """Write train/ and val/ splits and data.yaml under out_dir; returns the data.yaml path."""
+    spec.validate()
+    out = Path(out_dir).resolve()
+    processes = processes or min(32, os.cpu_count() or 1)
+    jobs = []
+    for split, count, split_seed in (("train", spec.images, 1), ("val", spec.val_images, 2)):
+        for sub in ("images", "labels"):
+            (out / split / sub).mkdir(parents=True, exist_ok=True)
+        chunk = max(1, math.ceil(count / (processes * 4)))
+        jobs += [(spec, str(out / split), split_seed, s, min(s + chunk, count)) for s in range(0, count, chunk)]
+    if processes > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(processes) as pool:
+            list(pool.map(_write_chunk, jobs))
+    else:
+        for job in jobs:
+            _write_chunk(job)
+    data_yaml = out / "data.yaml"
+    data = {
+        "path": str(out),
+        "train": "train/images",
+        "val": "val/images",
+        "names": {i: SHAPES[i] for i in range(spec.classes)},
+        "synthetic": {"images": spec.images, "imgsz": spec.imgsz, "classes": spec.classes, "seed": spec.seed},
+    }
+    data_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
+    return data_yaml
+
+
+def ensure(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
+    """Generate once: reuse out_dir when its data.yaml records the same spec (safe to call from every run)."""
+    data_yaml = Path(out_dir).resolve() / "data.yaml"
+    want = {"images": spec.images, "imgsz": spec.imgsz, "classes": spec.classes, "seed": spec.seed}
+    if data_yaml.exists():
+        have = (yaml.safe_load(data_yaml.read_text()) or {}).get("synthetic")
+        if have == want:
+            return data_yaml
+    return generate(out_dir, spec)

@@ -1,0 +1,40 @@
+"""Fault injection: make one rank raise right after a chosen epoch's checkpoint, on the first attempt only.
+
+Set `run.fail_at_epoch` / `run.fail_rank` in the config, or YOLO_RAY_FAIL_AT="EPOCH[:RANK]" in the environment.
+After the failure Ray restarts the worker group, which resumes from that epoch's checkpoint and so never fails again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ENV_VAR = "YOLO_RAY_FAIL_AT"
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose to prove recovery."""
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    epoch: int | None = None  # 1-based epoch after whose checkpoint the rank fails
+    rank: int = 0
+
+    @classmethod
+    def from_config(cls, fault: dict | None) -> FaultPlan:
+        env = os.environ.get(ENV_VAR)
+        if env:
+            epoch, _, rank = env.partition(":")
+            return cls(int(epoch), int(rank or 0))
+        if fault and fault.get("epoch") is not None:
+            return cls(int(fault["epoch"]), int(fault.get("rank", 0)))
+        return cls()
+
+    def maybe_fail(self, rank: int, epoch_about_to_start: int, resumed_from: int | None) -> None:
+        """Called at the start of every epoch (1-based); fails once, on the attempt that got past `epoch`."""
+        if self.epoch is None or rank != self.rank or epoch_about_to_start != self.epoch + 1:
+            return
+        if resumed_from is not None and resumed_from >= self.epoch:
+            return  # this attempt already resumed from the checkpoint the failure was meant to test
+        raise InjectedFault(f"yolo_ray fault injection: rank {rank} fails after epoch {self.epoch}'s checkpoint")

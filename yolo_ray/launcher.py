@@ -1,0 +1,128 @@
+"""The driver: check inputs, connect to Ray, run the TorchTrainer, write summary.json."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.data import checks
+from yolo_ray.summary import write_summary
+
+
+def resolve_model(cfg: ExperimentConfig) -> str:
+    """A model Ultralytics can build offline: a local .pt/.yaml file, or a YOLO architecture yaml it ships."""
+    model = cfg.model
+    local = Path(model).expanduser()
+    if local.is_file():
+        return str(local.resolve())
+    if model.endswith(".pt"):
+        raise ConfigError(cfg.source, "model", f"weights file {model} does not exist (nothing is downloaded).",
+                          "give a local .pt path, or an architecture such as yolo11n.yaml to train from scratch.")
+    if model.endswith((".yaml", ".yml")) and _shipped_model_yaml(model):
+        return model
+    raise ConfigError(cfg.source, "model", f"{model!r} is neither a local file nor an Ultralytics model yaml.",
+                      "use e.g. yolo11n.yaml / yolo11s.yaml, or a path to a local .pt or .yaml.")
+
+
+def _shipped_model_yaml(name: str) -> bool:
+    import importlib.util
+
+    spec = importlib.util.find_spec("ultralytics")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    root = Path(next(iter(spec.submodule_search_locations))) / "cfg" / "models"
+    unscaled = re.sub(r"(\d+)([nslmx])(.*)\.ya?ml$", r"\1\3.yaml", name)  # yolo11n.yaml -> yolo11.yaml
+    return any(root.rglob(name)) or any(root.rglob(unscaled))
+
+
+def ultralytics_overrides(cfg: ExperimentConfig, model: str, data_yaml: Path, save_dir: Path) -> dict[str, Any]:
+    """The Ultralytics train arguments for this experiment (batch is global; accumulate maps to nbs)."""
+    t = cfg.train
+    overrides = {
+        "model": model, "data": str(data_yaml), "epochs": t.epochs, "imgsz": t.imgsz, "batch": t.batch,
+        "lr0": t.lr0, "lrf": t.lrf, "optimizer": t.optimizer, "momentum": t.momentum,
+        "weight_decay": t.weight_decay, "warmup_epochs": t.warmup_epochs, "cos_lr": t.cos_lr, "amp": t.amp,
+        "cache": t.cache, "workers": t.workers, "seed": t.seed, "deterministic": t.deterministic,
+        "close_mosaic": t.close_mosaic, "patience": t.patience, "val": t.val, "plots": t.plots,
+        "save_dir": str(save_dir), "exist_ok": True, "pretrained": False, **t.extra,
+    }
+    if t.accumulate is not None:  # Ultralytics steps every round(nbs / batch) batches; weight decay scales with it
+        overrides["nbs"] = t.batch * t.accumulate
+    return overrides
+
+
+def prepare(cfg: ExperimentConfig) -> tuple[str, Path]:
+    """All input checks that need no cluster; returns (model, data.yaml)."""
+    model = resolve_model(cfg)
+    data_yaml = checks.prepare(cfg)
+    return model, data_yaml
+
+
+def train(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Run one experiment to the end (or resume it) and return its summary."""
+    started = time.time()
+    model, data_yaml = prepare(cfg)
+    run_dir = (Path(cfg.run.storage_path).expanduser() / cfg.run.name).resolve()
+    done = run_dir / "summary.json"
+    if done.exists() and json.loads(done.read_text()).get("status") == "finished":
+        print(f"[yolo_ray] run {cfg.run.name} already finished: {done} (choose a new run.name to train again)")
+        return json.loads(done.read_text())
+
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from yolo_ray import ray_cluster
+    from yolo_ray.worker import train_loop_per_worker
+
+    where = ray_cluster.connect(cfg.run.ray_address)
+    scaling = ray_cluster.resolve(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
+    print(f"[yolo_ray] ray: {where} | workers: {scaling.num_workers} x "
+          f"{'GPU' if scaling.use_gpu else 'CPU'} | global batch {cfg.train.batch} "
+          f"({cfg.train.batch // scaling.num_workers} per worker) | run dir: {run_dir}", flush=True)
+
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "overrides": ultralytics_overrides(cfg, model, data_yaml, run_dir / "train"),
+            "run_dir": str(run_dir),
+            "sync_bn": cfg.train.sync_bn,
+            "fault": {"epoch": cfg.run.fail_at_epoch, "rank": cfg.run.fail_rank},
+        },
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker={"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker}
+                                                                     if scaling.use_gpu else {})},
+            placement_strategy=scaling.placement_strategy,
+        ),
+        run_config=ray.train.RunConfig(
+            name=cfg.run.name,
+            storage_path=str(run_dir.parent),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
+        ),
+        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
+    )
+    try:
+        result = trainer.fit()
+    except Exception as e:
+        write_summary(run_dir, cfg, scaling, started, status="failed", error=str(e))
+        raise
+    summary = write_summary(run_dir, cfg, scaling, started, status="finished",
+                            checkpoint=result.checkpoint.path if result.checkpoint else None)
+    print(f"[yolo_ray] done: mAP50={summary['final'].get('mAP50', float('nan')):.4f} "
+          f"mAP50-95={summary['final'].get('mAP50-95', float('nan')):.4f} | summary: {run_dir / 'summary.json'}",
+          flush=True)
+    return summary
+
+
+def _yaml(d: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(d, sort_keys=False)

@@ -1,0 +1,38 @@
+"""Names and values of what each epoch reports: Ultralytics' metrics under MLflow-safe, stable keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Ultralytics' metric keys -> ours (MLflow rejects parentheses in metric names).
+RENAMES = {
+    "metrics/precision(B)": "precision",
+    "metrics/recall(B)": "recall",
+    "metrics/mAP50(B)": "mAP50",
+    "metrics/mAP50-95(B)": "mAP50-95",
+}
+
+
+def clean(metrics: dict[str, Any]) -> dict[str, float]:
+    return {RENAMES.get(k, k): float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def epoch_metrics(trainer: Any, train_seconds: float, resumed_from: int | None) -> dict[str, Any]:
+    """Rank 0's view of the epoch just finished (validation included)."""
+    images = len(trainer.train_loader.dataset)  # all ranks together see the whole train set once per epoch
+    out: dict[str, Any] = {"epoch": trainer.epoch + 1}
+    out.update(clean(trainer.label_loss_items(trainer.tloss, prefix="train") if trainer.tloss else {}))
+    out.update(clean(trainer.metrics or {}))
+    out.update({k: float(v) for k, v in trainer.lr.items()})
+    out["fitness"] = float(trainer.fitness) if trainer.fitness is not None else 0.0
+    out["epoch_time_s"] = float(trainer.epoch_time or 0.0)
+    out["train_time_s"] = float(train_seconds)
+    out["images_per_s"] = images / train_seconds if train_seconds > 0 else 0.0
+    out["world_size"] = int(max(trainer.world_size, 1))
+    out["resumed_from_epoch"] = -1 if resumed_from is None else int(resumed_from)
+    return out
+
+
+def final_metrics(trainer: Any) -> dict[str, Any]:
+    """Metrics of the final validation of best.pt (rank 0, after training)."""
+    return {"epochs_completed": trainer.epoch + 1, **clean(trainer.metrics or {})}

@@ -1,0 +1,86 @@
+"""Connecting to Ray and sizing the worker group against what the cluster can ever give."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import ray
+
+from yolo_ray.config import ConfigError, ExperimentConfig, check_batch_divides
+
+
+@dataclass(frozen=True)
+class Scaling:
+    num_workers: int
+    use_gpu: bool
+    cpus_per_worker: float
+    gpus_per_worker: float
+    placement_strategy: str
+
+
+def connect(address: str | None) -> str:
+    """Attach to `address` (or RAY_ADDRESS, as set by `ray job submit`); else start a private local Ray."""
+    if ray.is_initialized():
+        return "existing"
+    address = address or os.environ.get("RAY_ADDRESS")
+    # Workers inherit these: Ultralytics must never reach for the network.
+    env = {"YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "false", "RAY_TRAIN_V2_ENABLED": "1"}
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        return address
+    ray.init(address="local", runtime_env={"env_vars": env}, include_dashboard=False)
+    return "local"
+
+
+def _nodes() -> list[dict]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def resolve(cfg: ExperimentConfig) -> Scaling:
+    """Turn `auto` into numbers and refuse a worker group this cluster can never place (before any GPU is taken)."""
+    sc, src = cfg.scaling, cfg.source
+    nodes = _nodes()
+    total_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
+    use_gpu = total_gpus > 0 if sc.use_gpu == "auto" else bool(sc.use_gpu)
+    if not use_gpu and cfg.train.sync_bn:
+        raise ConfigError(src, "train.sync_bn", "SyncBatchNorm needs GPUs, and this run trains on CPUs.",
+                          "set train.sync_bn: false, or run on a cluster with GPUs.")
+    gpus = sc.gpus_per_worker if use_gpu else 0.0
+    if sc.num_workers == "auto":
+        num_workers = max(1, int(total_gpus // gpus)) if use_gpu else 2
+    else:
+        num_workers = sc.num_workers
+    if use_gpu and num_workers > 1 and gpus < 1:
+        raise ConfigError(src, "scaling.gpus_per_worker", f"{gpus} is a fraction; NCCL refuses two ranks on one GPU.",
+                          "use gpus_per_worker: 1 for multi-worker runs (fractions suit single-worker tune trials).")
+    check_batch_divides(cfg, num_workers)
+    scaling = Scaling(num_workers, use_gpu, sc.cpus_per_worker, gpus, sc.placement_strategy)
+    if not sc.autoscaling:
+        check_capacity(cfg, scaling, nodes)
+    return scaling
+
+
+def check_capacity(cfg: ExperimentConfig, s: Scaling, nodes: list[dict]) -> None:
+    """Can this (non-autoscaling) cluster ever place num_workers bundles of {CPU, GPU}?"""
+    placeable = 0
+    per_node = []
+    for n in nodes:
+        cpu, gpu = n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)
+        fits = int(cpu // s.cpus_per_worker) if s.cpus_per_worker else 10**6
+        if s.gpus_per_worker:
+            fits = min(fits, int(gpu // s.gpus_per_worker))
+        per_node.append(fits)
+        placeable += fits
+    if s.placement_strategy in ("STRICT_SPREAD",):
+        placeable = sum(1 for f in per_node if f > 0)
+    elif s.placement_strategy == "STRICT_PACK":
+        placeable = max(per_node, default=0)
+    if s.num_workers > placeable:
+        what = f"{s.cpus_per_worker:g} CPU" + (f" + {s.gpus_per_worker:g} GPU" if s.gpus_per_worker else "")
+        raise ConfigError(cfg.source, "scaling.num_workers",
+                          f"{s.num_workers} workers of {what} each can never be placed: the cluster "
+                          f"({len(nodes)} node(s)) fits at most {placeable} with placement "
+                          f"{s.placement_strategy}.",
+                          f"set scaling.num_workers <= {placeable}, lower scaling.cpus_per_worker, or use a larger "
+                          "cluster (scaling.autoscaling: true if an autoscaler will add nodes).")

@@ -1,0 +1,60 @@
+"""summary.json: the machine-readable result of a run, for scripts, CI and people."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+HISTORY = "history.jsonl"
+
+
+def append_history(run_dir: Path, metrics: dict[str, Any]) -> None:
+    """One line per reported epoch, written by rank 0 (a resumed attempt appends after the last good epoch)."""
+    with open(run_dir / HISTORY, "a") as f:
+        f.write(json.dumps({**metrics, "time": time.time()}) + "\n")
+
+
+def read_history(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / HISTORY
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _ranks(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
+
+
+def write_summary(run_dir: Path, cfg: Any, scaling: Any, started: float, status: str,
+                  checkpoint: str | None = None, error: str | None = None) -> dict[str, Any]:
+    history = read_history(run_dir)
+    final_file = run_dir / "final_metrics.json"
+    final = json.loads(final_file.read_text()) if final_file.exists() and status == "finished" else {}
+    steady = [h["images_per_s"] for h in history[1:]] or [h["images_per_s"] for h in history]
+    ranks = _ranks(run_dir)
+    best = run_dir / "train" / "weights" / "best.pt"
+    summary = {
+        "status": status,
+        "run_name": cfg.run.name,
+        "run_dir": str(run_dir),
+        "config": cfg.source,
+        "final": {k: final[k] for k in ("mAP50", "mAP50-95", "precision", "recall") if k in final},
+        "epochs_completed": max((h["epoch"] for h in history), default=0),
+        "epochs": cfg.train.epochs,
+        "world_size": scaling.num_workers,
+        "nodes": len({r["node_ip"] for r in ranks}) if ranks else None,
+        "use_gpu": scaling.use_gpu,
+        "global_batch": cfg.train.batch,
+        "per_worker_batch": cfg.train.batch // scaling.num_workers,
+        "restarts": sum(1 for h in history if h.get("epoch") == h.get("resumed_from_epoch", -2) + 1),
+        "checkpoint": checkpoint,
+        "best_weights": str(best) if best.exists() else None,
+        "wall_time_s": round(time.time() - started, 2),
+        "throughput_images_per_s": round(statistics.median(steady), 2) if steady else None,
+        "error": error,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

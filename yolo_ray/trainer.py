@@ -1,0 +1,120 @@
+"""Ultralytics' DetectionTrainer, adapted at its seams to run inside a Ray Train worker.
+
+Everything Ultralytics' in-process DDP path already does right stays as it is: the DDP wrap, DistributedSampler
+shards, per-rank batch = batch // world_size, loss scaling, EMA buffer broadcast before validation, sharded validation
+gathered to rank 0, rank-0-only saving, the early-stop broadcast. What changes:
+
+- world size is Ray's global one (Ultralytics counts this process's devices) and no `torch.distributed.run`
+  subprocess is ever spawned;
+- the process group already exists (Ray made it): `_setup_ddp` only pins the device Ray gave this worker;
+- DDP on CPU gets no `device_ids` (Ultralytics passes `[None]`, which DDP rejects), and sync-BN converts the model
+  right before the wrap.
+
+Must be imported inside the worker, after Ray has set RANK / LOCAL_RANK / WORLD_SIZE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from ultralytics.models.yolo.detect import DetectionTrainer
+from ultralytics.utils.torch_utils import get_torch_device_backend, unwrap_model
+
+
+class RayDetectionTrainer(DetectionTrainer):
+    """A DetectionTrainer whose processes, world size and device come from Ray Train."""
+
+    def __init__(self, overrides: dict, *, device: torch.device, world_size: int, sync_bn: bool = False):
+        self.ray_device = device
+        self.sync_bn = sync_bn
+        self.in_final_eval = False
+        self.shard_indices: list[int] = []
+        super().__init__(overrides=overrides)
+        self.world_size = world_size  # global, from Ray
+        self.ddp = False  # never spawn torch.distributed.run: Ray owns the processes
+
+    def _setup_ddp(self) -> None:
+        """Ray already called init_process_group; only pin this worker's device."""
+        self.device = self.ray_device
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            self.accelerator = get_torch_device_backend(self.device)
+
+    def _setup_train(self) -> None:
+        with _ray_ddp(sync_bn=self.sync_bn):
+            super()._setup_train()
+
+    def _build_train_pipeline(self) -> None:
+        super()._build_train_pipeline()
+        sampler = self.train_loader.sampler
+        if hasattr(sampler, "set_epoch"):  # record this rank's shard of epoch 0, for checks and debugging
+            sampler.set_epoch(0)
+            self.shard_indices = [int(i) for i in sampler]
+
+    def final_eval(self) -> None:
+        self.in_final_eval = True  # callbacks fired here are not a training epoch
+        try:
+            with _cpu_final_val(self):
+                super().final_eval()
+        finally:
+            self.in_final_eval = False
+
+    def parameter_digest(self) -> str:
+        """SHA-256 of the trained parameters (not buffers: BN running stats are per rank, as upstream)."""
+        h = hashlib.sha256()
+        for name, p in unwrap_model(self.model).named_parameters():
+            h.update(name.encode())
+            h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+
+class _RayDDP(nn.parallel.DistributedDataParallel):
+    """DDP as Ultralytics builds it, plus CPU (gloo) support and optional SyncBatchNorm."""
+
+    sync_bn = False
+
+    def __init__(self, module: nn.Module, device_ids: list | None = None, **kwargs):
+        if self.sync_bn:
+            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        on_cpu = next(module.parameters()).device.type == "cpu"
+        super().__init__(module, device_ids=None if on_cpu else device_ids, **kwargs)
+
+
+@contextlib.contextmanager
+def _cpu_final_val(trainer: RayDetectionTrainer) -> Iterator[None]:
+    """On CPU each rank validates best.pt alone, as an undistributed (rank -1) validator.
+
+    Ultralytics' distributed standalone validation puts every rank > -1 on CUDA. The val set is small next to
+    training, so validating it whole on each CPU rank costs little; only rank 0 writes plots.
+    """
+    import ultralytics.engine.validator as base_val
+    import ultralytics.models.yolo.detect.val as detect_val
+    from ultralytics.utils import RANK
+
+    if trainer.device.type != "cpu":
+        yield
+        return
+    saved = base_val.RANK, detect_val.RANK, trainer.validator.dataloader, trainer.args.plots
+    base_val.RANK = detect_val.RANK = -1
+    trainer.validator.dataloader = None  # rebuilt whole, not this rank's shard
+    trainer.args.plots = trainer.args.plots and RANK == 0
+    try:
+        yield
+    finally:
+        base_val.RANK, detect_val.RANK, trainer.validator.dataloader, trainer.args.plots = saved
+
+
+@contextlib.contextmanager
+def _ray_ddp(sync_bn: bool) -> Iterator[None]:
+    """Swap in _RayDDP where Ultralytics' _setup_train builds its DDP wrapper (a subclass: isinstance checks hold)."""
+    original = nn.parallel.DistributedDataParallel
+    ddp_cls = type("RayDDP", (_RayDDP,), {"sync_bn": sync_bn})
+    nn.parallel.DistributedDataParallel = ddp_cls
+    try:
+        yield
+    finally:
+        nn.parallel.DistributedDataParallel = original

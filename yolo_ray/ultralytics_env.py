@@ -1,0 +1,38 @@
+"""Ultralytics process setup: offline, quiet integrations. Call before (and right after) importing ultralytics.
+
+Ultralytics reads RANK/LOCAL_RANK/WORLD_SIZE once at import and switches its own MLflow and Ray Tune callbacks on
+whenever those packages import. Under yolo_ray it must be imported inside the Ray worker (after Ray set the rank
+variables), never download anything, and leave logging to yolo_ray.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+# Ultralytics integrations that would log a second copy of each run (or call ray.train.report behind our back).
+INTEGRATIONS = ("mlflow", "raytune", "clearml", "comet", "dvc", "tensorboard", "wandb", "sync")
+
+
+def set_offline_env(config_dir: str | Path | None = None) -> None:
+    """Environment for an offline Ultralytics: no downloads, no pip, a private settings dir per process."""
+    os.environ["YOLO_OFFLINE"] = "1"
+    os.environ["YOLO_AUTOINSTALL"] = "false"
+    os.environ.setdefault("YOLO_VERBOSE", "true")
+    if config_dir is None:  # one dir per process: concurrent ranks must not race on one settings.json
+        config_dir = Path(tempfile.gettempdir()) / "yolo_ray" / f"ultralytics-{os.getpid()}"
+    Path(config_dir).mkdir(parents=True, exist_ok=True)
+    os.environ["YOLO_CONFIG_DIR"] = str(config_dir)
+
+
+def disable_integrations() -> None:
+    """Turn off Ultralytics' own loggers; yolo_ray reports metrics and checkpoints itself."""
+    from ultralytics.utils import SETTINGS
+
+    SETTINGS.update({k: False for k in INTEGRATIONS if k in SETTINGS})
+
+
+def setup() -> None:
+    set_offline_env()
+    disable_integrations()

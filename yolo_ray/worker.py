@@ -1,0 +1,140 @@
+"""The Ray Train worker: where ranks and devices are decided and each epoch is reported.
+
+Runs once per Ray worker process. Ray has already set RANK / LOCAL_RANK / WORLD_SIZE / NODE_RANK and created the
+process group; this function imports Ultralytics only now, so Ultralytics sees those ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import ray.train
+import torch
+import torch.distributed as dist
+
+from yolo_ray import faults
+from yolo_ray.metrics import epoch_metrics, final_metrics
+from yolo_ray.summary import append_history
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """config: {"overrides": Ultralytics train args, "run_dir": str, "sync_bn": bool, "fault": dict | None}."""
+    from yolo_ray import ultralytics_env
+
+    ultralytics_env.set_offline_env()
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    if isinstance(device, list):  # several GPUs per worker: DDP still drives one
+        device = device[0]
+    ultralytics_env.disable_integrations()
+
+    from yolo_ray.trainer import RayDetectionTrainer  # imports ultralytics: only after Ray set the ranks
+
+    run_dir = Path(config["run_dir"])
+    overrides = dict(config["overrides"])
+    overrides["device"] = "cpu" if device.type == "cpu" else str(device.index)
+
+    with ExitStack() as stack:
+        checkpoint = ray.train.get_checkpoint()
+        resumed_from = None
+        if checkpoint is not None:
+            ckpt_dir = Path(stack.enter_context(checkpoint.as_directory()))
+            resumed_from = json.loads((ckpt_dir / "meta.json").read_text())["epoch"]
+            overrides["resume"] = str(ckpt_dir / "last.pt")
+            if rank == 0:
+                print(f"[yolo_ray] resuming from the epoch-{resumed_from} checkpoint {checkpoint.path}", flush=True)
+
+        trainer = RayDetectionTrainer(overrides, device=device, world_size=world_size, sync_bn=config["sync_bn"])
+        reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
+        reporter.attach()
+        trainer.train()
+        write_rank_record(trainer, run_dir, ctx, device, resumed_from)
+        if rank == 0:
+            (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics(trainer), indent=2))
+
+
+SHOWN = ("train/box_loss", "train/cls_loss", "precision", "recall", "mAP50", "mAP50-95", "lr/pg0", "images_per_s")
+
+
+class EpochReporter:
+    """Ultralytics callbacks that time each epoch and hand metrics plus a checkpoint to Ray Train."""
+
+    def __init__(self, trainer: Any, run_dir: Path, resumed_from: int | None, fault: faults.FaultPlan):
+        self.trainer, self.run_dir, self.resumed_from, self.fault = trainer, run_dir, resumed_from, fault
+        self.rank = ray.train.get_context().get_world_rank()
+        self.t_epoch = self.train_seconds = 0.0
+
+    def attach(self) -> None:
+        self.trainer.add_callback("on_train_epoch_start", self.on_train_epoch_start)
+        self.trainer.add_callback("on_train_epoch_end", self.on_train_epoch_end)
+        self.trainer.add_callback("on_fit_epoch_end", self.on_fit_epoch_end)
+
+    def on_train_epoch_start(self, trainer: Any) -> None:
+        self.fault.maybe_fail(rank=self.rank, epoch_about_to_start=trainer.epoch + 1, resumed_from=self.resumed_from)
+        self.t_epoch = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: Any) -> None:
+        self.train_seconds = time.perf_counter() - self.t_epoch
+
+    def on_fit_epoch_end(self, trainer: Any) -> None:
+        if trainer.in_final_eval:
+            return
+        metrics = None
+        if self.rank == 0:
+            metrics = epoch_metrics(trainer, self.train_seconds, self.resumed_from)
+            append_history(self.run_dir, metrics)
+            print(f"[yolo_ray] epoch {metrics['epoch']}/{trainer.epochs} " + " ".join(
+                f"{k}={_fmt(metrics[k])}" for k in SHOWN if k in metrics), flush=True)
+        metrics = _broadcast(metrics)
+        if self.rank == 0 and trainer.last.exists():
+            with tempfile.TemporaryDirectory(prefix="yolo_ray_ckpt_") as tmp:
+                shutil.copy2(trainer.last, Path(tmp) / "last.pt")
+                (Path(tmp) / "meta.json").write_text(json.dumps({"epoch": metrics["epoch"]}))
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        else:
+            ray.train.report(metrics)
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's object on every rank (so every rank reports the same metrics)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def write_rank_record(trainer: Any, run_dir: Path, ctx: Any, device: torch.device, resumed_from: int | None) -> None:
+    """ranks/rank<N>.json: who this rank was and what it trained (read by tests and for debugging)."""
+    record = {
+        "world_rank": ctx.get_world_rank(),
+        "local_rank": ctx.get_local_rank(),
+        "node_rank": ctx.get_node_rank(),
+        "world_size": ctx.get_world_size(),
+        "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK")},
+        "hostname": socket.gethostname(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "device": str(device),
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "resumed_from_epoch": resumed_from,
+        "param_sha256": trainer.parameter_digest(),
+        "per_worker_batch": trainer.batch_size // max(trainer.world_size, 1),
+        "accumulate": trainer.accumulate,
+        "shard_indices_epoch0": trainer.shard_indices,
+    }
+    out = run_dir / "ranks"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{record['world_rank']}.json").write_text(json.dumps(record))
