@@ -31,7 +31,13 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     path, overrides = _split(ns.args)
     cfg = config.load(path, overrides)
-    summary = launcher.train(cfg)
+    if ns.native:
+        from yolo_ray.native import train_native
+
+        summary = train_native(cfg)
+        print(f"[yolo_ray] native Ultralytics: {json.dumps(summary['final'])}")
+    else:
+        summary = launcher.train(cfg)
     return 0 if summary.get("status") == "finished" else 1
 
 
@@ -54,8 +60,12 @@ def cmd_synth(ns: argparse.Namespace) -> int:
     opts = parse_overrides(ns.options, source="yolo-ray data synth")
     unknown = set(opts) - {"images", "imgsz", "classes", "seed", "max_objects"}
     if unknown:
-        raise ConfigError("yolo-ray data synth", ", ".join(sorted(unknown)), "unknown option.",
-                          "use images=N imgsz=S classes=K seed=N max_objects=N.")
+        raise ConfigError(
+            "yolo-ray data synth",
+            ", ".join(sorted(unknown)),
+            "unknown option.",
+            "use images=N imgsz=S classes=K seed=N max_objects=N.",
+        )
     try:
         spec = SynthSpec(**opts)
         spec.validate()
@@ -66,16 +76,89 @@ def cmd_synth(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sync(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from yolo_ray import config, tracking
+
+    run_dir = Path(ns.run_dir).resolve()
+    state_file = run_dir / tracking.STATE
+    if not state_file.exists():
+        raise ConfigError(
+            str(run_dir),
+            tracking.STATE,
+            "this run directory has no MLflow run.",
+            "pass a run directory of a run trained with tracking enabled.",
+        )
+    cfg = config.load(run_dir / "config.yaml")
+    state = json.loads(state_file.read_text())
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    tracker = tracking.Tracker(cfg, run_dir, state["tracking_uri"])
+    info = tracker.finish(summary.get("status", "failed"), grace_s=ns.wait)
+    print(json.dumps(info))
+    return 1 if info.get("pending") else 0
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from yolo_ray import registry
+    from yolo_ray.config import parse_overrides
+    from yolo_ray.export import export
+
+    opts = parse_overrides(ns.options, source="yolo-ray export")
+    formats = [f.strip() for f in str(opts.get("formats", "onnx")).split(",") if f.strip()]
+    uri = registry.default_uri(ns.tracking_uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = registry.resolve_weights(ns.source, uri, Path(tmp))
+        imgsz = int(opts.get("imgsz") or _trained_imgsz(weights))
+        out = Path(opts.get("out") or Path("exports") / Path(ns.source.replace(":/", "_").replace("@", "_")).name)
+        paths = export(weights, formats, imgsz, out.resolve())
+    print(json.dumps(paths, indent=2))
+    return 0
+
+
+def _trained_imgsz(weights) -> int:
+    import torch
+
+    ckpt = torch.load(weights, map_location="cpu", weights_only=False)
+    return int((ckpt.get("train_args") or {}).get("imgsz", 640))
+
+
+def cmd_promote(ns: argparse.Namespace) -> int:
+    from yolo_ray import registry
+
+    try:
+        print(registry.promote(ns.name, ns.version, registry.default_uri(ns.tracking_uri), force=ns.force))
+    except registry.PromotionRefused as e:
+        print(f"refused: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="yolo-ray", description="Train Ultralytics YOLO11 with DDP on Ray.",
-                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="yolo-ray",
+        description="Train Ultralytics YOLO11 with DDP on Ray.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"yolo-ray {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train an experiment on Ray (local or a cluster)",
-                       description="Train YOLO11 with DDP on Ray Train. CONFIG is an experiment YAML (default: the "
-                       "embedded smoke experiment); key=value pairs override it, e.g. train.epochs=5.")
+    t = sub.add_parser(
+        "train",
+        help="train an experiment on Ray (local or a cluster)",
+        description="Train YOLO11 with DDP on Ray Train. CONFIG is an experiment YAML (default: the "
+        "embedded smoke experiment); key=value pairs override it, e.g. train.epochs=5.",
+    )
     t.add_argument("args", nargs="*", metavar="[CONFIG] key=value", help="experiment YAML and overrides")
+    t.add_argument(
+        "--native",
+        action="store_true",
+        help="train the same experiment with plain Ultralytics in this process (baseline, no Ray)",
+    )
     t.set_defaults(func=cmd_train)
 
     c = sub.add_parser("check", help="validate an experiment config and its dataset, without training")
@@ -84,12 +167,38 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
 
     d = sub.add_parser("data", help="dataset tools").add_subparsers(dest="data_command", required=True)
-    s = d.add_parser("synth", help="write a generated shapes dataset (YOLO format, train/val, data.yaml)",
-                     description="Write a learnable detection dataset of shapes on textured backgrounds. Options: "
-                     "images=N (train; val gets N/5) imgsz=S classes=K (1-8) seed=N max_objects=N.")
+    s = d.add_parser(
+        "synth",
+        help="write a generated shapes dataset (YOLO format, train/val, data.yaml)",
+        description="Write a learnable detection dataset of shapes on textured backgrounds. Options: "
+        "images=N (train; val gets N/5) imgsz=S classes=K (1-8) seed=N max_objects=N.",
+    )
     s.add_argument("out_dir")
     s.add_argument("options", nargs="*", metavar="key=value")
     s.set_defaults(func=cmd_synth)
+
+    y = sub.add_parser("sync", help="send what MLflow missed (server outage) for a run directory")
+    y.add_argument("run_dir")
+    y.add_argument("--wait", type=float, default=30.0, help="seconds to keep retrying a server that is down")
+    y.set_defaults(func=cmd_sync)
+
+    e = sub.add_parser(
+        "export",
+        help="export weights to ONNX, TorchScript, ... (from a run, checkpoint or model)",
+        description="SOURCE: a .pt, a run or checkpoint directory, an MLflow run id, or "
+        "models:/NAME@ALIAS. Options: formats=onnx,torchscript imgsz=S out=DIR.",
+    )
+    e.add_argument("source")
+    e.add_argument("options", nargs="*", metavar="key=value")
+    e.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else runs/mlflow.db")
+    e.set_defaults(func=cmd_export)
+
+    m = sub.add_parser("promote", help="move the `champion` alias to a model version if it is not worse")
+    m.add_argument("name")
+    m.add_argument("version")
+    m.add_argument("--force", action="store_true", help="promote even if its mAP50-95 is worse")
+    m.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else runs/mlflow.db")
+    m.set_defaults(func=cmd_promote)
     return p
 
 

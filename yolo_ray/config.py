@@ -49,8 +49,8 @@ class DataConfig:
 class TrainConfig:
     epochs: int = 30
     imgsz: int = 128
-    batch: int = 32  # GLOBAL batch: each Ray worker takes batch / num_workers images per step
-    accumulate: Union[int, None] = None  # None: Ultralytics' rule round(64 / batch); k: optimizer step every k batches
+    batch: int = 16  # GLOBAL batch: each Ray worker takes batch / num_workers images per step
+    accumulate: int | None = 1  # k: optimizer step every k batches; null: Ultralytics' rule round(64 / batch)
     lr0: float = 0.01
     lrf: float = 0.01
     optimizer: Literal["SGD", "MuSGD", "Adam", "Adamax", "AdamW", "NAdam", "RAdam", "RMSProp", "auto"] = "SGD"
@@ -60,7 +60,7 @@ class TrainConfig:
     cos_lr: bool = False
     amp: bool = True
     sync_bn: bool = False
-    cache: Union[bool, Literal["ram", "disk"]] = False
+    cache: bool | Literal["ram", "disk"] = False
     workers: int = 2  # data loader processes per Ray worker
     seed: int = 0
     deterministic: bool = True
@@ -73,8 +73,8 @@ class TrainConfig:
 
 @dataclass
 class ScalingSection:
-    num_workers: Union[int, Literal["auto"]] = "auto"  # auto: one per GPU in the cluster, else 2
-    use_gpu: Union[bool, Literal["auto"]] = "auto"  # auto: GPUs when the cluster has them
+    num_workers: int | Literal["auto"] = "auto"  # auto: one per GPU in the cluster, else 2
+    use_gpu: bool | Literal["auto"] = "auto"  # auto: GPUs when the cluster has them
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 1.0
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
@@ -87,9 +87,21 @@ class RunSection:
     storage_path: str = "runs"  # shared storage on a multi-node cluster (NFS, a mounted volume)
     max_failures: int = 0  # worker-group restarts from the last epoch checkpoint
     checkpoints_to_keep: int = 2
-    ray_address: Union[str, None] = None  # None: RAY_ADDRESS, else a local Ray started for this run
-    fail_at_epoch: Union[int, None] = None  # fault injection: raise after this epoch's checkpoint (first attempt)
+    ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray started for this run
+    fail_at_epoch: int | None = None  # fault injection: raise after this epoch's checkpoint (first attempt)
     fail_rank: int = 0
+
+
+@dataclass
+class TrackingSection:
+    enabled: bool = True
+    uri: str | None = None  # null: MLFLOW_TRACKING_URI, else sqlite:///<run.storage_path>/mlflow.db
+    experiment: str = "yolo_ray"
+    register: bool = True  # export best.pt to ONNX and register it in the Model Registry
+    model_name: str | None = None  # null: yolo_ray-<run.name>
+    alias: str = "candidate"
+    tags: dict = field(default_factory=dict)
+    outage_grace_s: float = 120.0  # at the end, how long to wait for a tracking server that is down
 
 
 @dataclass
@@ -99,7 +111,7 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     scaling: ScalingSection = field(default_factory=ScalingSection)
     run: RunSection = field(default_factory=RunSection)
-    tracking: dict = field(default_factory=dict)  # MLflow (see tracking issue)
+    tracking: TrackingSection = field(default_factory=TrackingSection)
     tune: dict = field(default_factory=dict)  # Ray Tune sweep (see tune issue)
     source: str = field(default=EMBEDDED, metadata={"internal": True})
 
@@ -141,6 +153,11 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool), value
     if tp is float:
+        if isinstance(value, str):  # PyYAML reads `1e-3` (no dot) as a string
+            try:
+                return True, float(value)
+            except ValueError:
+                return False, value
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         return ok, float(value) if ok else value
     if tp is str:
@@ -152,8 +169,12 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
 
 def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
     if not isinstance(raw, dict):
-        raise ConfigError(source, prefix or "<top level>", f"expected a mapping, got {raw!r}.",
-                          f"write `{prefix or 'the file'}` as `key: value` lines.")
+        raise ConfigError(
+            source,
+            prefix or "<top level>",
+            f"expected a mapping, got {raw!r}.",
+            f"write `{prefix or 'the file'}` as `key: value` lines.",
+        )
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
     kwargs = {}
@@ -161,8 +182,11 @@ def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"did you mean `{prefix + '.' if prefix else ''}{close[0]}`?" if close else (
-                f"valid keys here: {', '.join(names)}.")
+            hint = (
+                f"did you mean `{prefix + '.' if prefix else ''}{close[0]}`?"
+                if close
+                else (f"valid keys here: {', '.join(names)}.")
+            )
             raise ConfigError(source, dotted, "unknown key.", f"remove it or rename it; {hint}")
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
@@ -170,8 +194,12 @@ def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
             continue
         ok, coerced = _coerce(value, tp)
         if not ok:
-            raise ConfigError(source, dotted, f"{value!r} is not a valid value; expected {_describe(tp)}.",
-                              f"set `{dotted}` to {_describe(tp)}.")
+            raise ConfigError(
+                source,
+                dotted,
+                f"{value!r} is not a valid value; expected {_describe(tp)}.",
+                f"set `{dotted}` to {_describe(tp)}.",
+            )
         kwargs[key] = coerced
     return cls(**kwargs)
 
@@ -186,6 +214,17 @@ def _deep_set(tree: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _scalar(text: str) -> Any:
+    """A YAML scalar, with `1e-3` read as a number (PyYAML's YAML 1.1 reads it as a string)."""
+    value = yaml.safe_load(text) if text else None
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
 def parse_overrides(items: list[str], source: str = "command line") -> dict:
     """`train.epochs=5 scaling.num_workers=4` -> nested dict; values are parsed as YAML scalars."""
     tree: dict = {}
@@ -194,10 +233,14 @@ def parse_overrides(items: list[str], source: str = "command line") -> dict:
         if not sep or not key:
             raise ConfigError(source, item, "is not a `key=value` override.", "write overrides as `train.epochs=5`.")
         try:
-            _deep_set(tree, key.strip(), yaml.safe_load(text) if text else None)
+            _deep_set(tree, key.strip(), _scalar(text))
         except KeyError:
-            raise ConfigError(source, key, "sets a key below a value that is not a section.",
-                              "check the dotted path, e.g. `train.extra.mosaic=0.5`.") from None
+            raise ConfigError(
+                source,
+                key,
+                "sets a key below a value that is not a section.",
+                "check the dotted path, e.g. `train.extra.mosaic=0.5`.",
+            ) from None
     return tree
 
 
@@ -216,8 +259,12 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Experim
         source = str(path)
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(source, "<file>", "the experiment file does not exist.",
-                              "pass a YAML file such as experiments/smoke.yaml (or none for the embedded default).")
+            raise ConfigError(
+                source,
+                "<file>",
+                "the experiment file does not exist.",
+                "pass a YAML file such as experiments/smoke.yaml (or none for the embedded default).",
+            )
         try:
             raw = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
@@ -243,8 +290,20 @@ def ultralytics_train_keys() -> set[str]:
 
 
 # Keys yolo_ray sets itself: passing them through train.extra would fight the launcher.
-MANAGED_KEYS = {"model", "data", "device", "project", "name", "exist_ok", "resume", "save_dir", "nbs", "batch", "mode",
-                "task"}
+MANAGED_KEYS = {
+    "model",
+    "data",
+    "device",
+    "project",
+    "name",
+    "exist_ok",
+    "resume",
+    "save_dir",
+    "nbs",
+    "batch",
+    "mode",
+    "task",
+}
 
 
 def check_static(cfg: ExperimentConfig) -> None:
@@ -254,56 +313,97 @@ def check_static(cfg: ExperimentConfig) -> None:
         raise ConfigError(s, "train.epochs", f"must be >= 1, got {t.epochs}.", "set train.epochs to 1 or more.")
     if t.imgsz < 32 or t.imgsz % 32:
         up = max(32, (t.imgsz + 31) // 32 * 32)
-        raise ConfigError(s, "train.imgsz", f"{t.imgsz} is not a multiple of 32 (YOLO11's largest stride).",
-                          f"use {up} or another multiple of 32.")
+        raise ConfigError(
+            s,
+            "train.imgsz",
+            f"{t.imgsz} is not a multiple of 32 (YOLO11's largest stride).",
+            f"use {up} or another multiple of 32.",
+        )
     if t.batch < 1:
-        raise ConfigError(s, "train.batch", f"must be a positive global batch size, got {t.batch}.",
-                          "set train.batch to the total images per step across all workers, e.g. 32.")
+        raise ConfigError(
+            s,
+            "train.batch",
+            f"must be a positive global batch size, got {t.batch}.",
+            "set train.batch to the total images per step across all workers, e.g. 32.",
+        )
     if t.accumulate is not None and t.accumulate < 1:
-        raise ConfigError(s, "train.accumulate", f"must be >= 1, got {t.accumulate}.",
-                          "set train.accumulate to 1 (no accumulation) or more, or null for Ultralytics' rule.")
+        raise ConfigError(
+            s,
+            "train.accumulate",
+            f"must be >= 1, got {t.accumulate}.",
+            "set train.accumulate to 1 (no accumulation) or more, or null for Ultralytics' rule.",
+        )
     if t.workers < 0:
         raise ConfigError(s, "train.workers", f"must be >= 0, got {t.workers}.", "set train.workers to 0 or more.")
     if isinstance(sc.num_workers, int):
         if sc.num_workers < 1:
-            raise ConfigError(s, "scaling.num_workers", f"must be >= 1, got {sc.num_workers}.",
-                              "set scaling.num_workers to 1 or more, or `auto`.")
+            raise ConfigError(
+                s,
+                "scaling.num_workers",
+                f"must be >= 1, got {sc.num_workers}.",
+                "set scaling.num_workers to 1 or more, or `auto`.",
+            )
         check_batch_divides(cfg, sc.num_workers)
     if sc.cpus_per_worker <= 0:
         raise ConfigError(s, "scaling.cpus_per_worker", "must be > 0.", "set it to 1 or more.")
     if r.checkpoints_to_keep < 1:
-        raise ConfigError(s, "run.checkpoints_to_keep", "must be >= 1 to resume after a failure.", "set it to 1 or more.")
+        raise ConfigError(
+            s, "run.checkpoints_to_keep", "must be >= 1 to resume after a failure.", "set it to 1 or more."
+        )
     if r.max_failures < -1:
         raise ConfigError(s, "run.max_failures", "must be -1 (retry forever), 0 or more.", "set it to 0 or more.")
     if r.fail_at_epoch is not None and not 1 <= r.fail_at_epoch < t.epochs:
-        raise ConfigError(s, "run.fail_at_epoch", f"{r.fail_at_epoch} is outside 1..epochs-1 ({t.epochs - 1}).",
-                          "pick an epoch after which training still has epochs left, or null.")
+        raise ConfigError(
+            s,
+            "run.fail_at_epoch",
+            f"{r.fail_at_epoch} is outside 1..epochs-1 ({t.epochs - 1}).",
+            "pick an epoch after which training still has epochs left, or null.",
+        )
     if not r.name or "/" in r.name:
         raise ConfigError(s, "run.name", f"{r.name!r} is not a plain name.", "use letters, digits, '-' or '_'.")
     if t.sync_bn and sc.use_gpu is False:
-        raise ConfigError(s, "train.sync_bn", "SyncBatchNorm runs only on GPUs (NCCL); scaling.use_gpu is false.",
-                          "set train.sync_bn: false for CPU runs.")
+        raise ConfigError(
+            s,
+            "train.sync_bn",
+            "SyncBatchNorm runs only on GPUs (NCCL); scaling.use_gpu is false.",
+            "set train.sync_bn: false for CPU runs.",
+        )
     known = ultralytics_train_keys()
     for key in t.extra:
         if key in MANAGED_KEYS:
-            raise ConfigError(s, f"train.extra.{key}", "is set by yolo_ray itself.",
-                              f"remove it (batch and accumulate live in train.*; device comes from scaling.*).")
+            raise ConfigError(
+                s,
+                f"train.extra.{key}",
+                "is set by yolo_ray itself.",
+                "remove it (batch and accumulate live in train.*; device comes from scaling.*).",
+            )
         if known and key not in known:
             close = difflib.get_close_matches(key, sorted(known), n=1)
-            raise ConfigError(s, f"train.extra.{key}", "is not an Ultralytics train argument.",
-                              f"remove it{f' or use `{close[0]}`' if close else ''}.")
+            raise ConfigError(
+                s,
+                f"train.extra.{key}",
+                "is not an Ultralytics train argument.",
+                f"remove it{f' or use `{close[0]}`' if close else ''}.",
+            )
     if cfg.data.path == "synthetic":
         syn = cfg.data.synthetic
         if syn.imgsz < 32 or not 1 <= syn.classes <= 8 or syn.images < 2:
-            raise ConfigError(s, "data.synthetic", "needs imgsz >= 32, 1..8 classes and at least 2 images.",
-                              "fix data.synthetic.images / imgsz / classes.")
+            raise ConfigError(
+                s,
+                "data.synthetic",
+                "needs imgsz >= 32, 1..8 classes and at least 2 images.",
+                "fix data.synthetic.images / imgsz / classes.",
+            )
 
 
 def check_batch_divides(cfg: ExperimentConfig, num_workers: int) -> None:
     b = cfg.train.batch
     if b % num_workers:
         lo, hi = b // num_workers * num_workers, (b // num_workers + 1) * num_workers
-        raise ConfigError(cfg.source, "train.batch",
-                          f"global batch {b} does not divide by scaling.num_workers={num_workers} "
-                          "(each Ray worker takes batch / num_workers images).",
-                          f"set train.batch to a multiple of {num_workers}, e.g. {lo or hi} or {hi}.")
+        raise ConfigError(
+            cfg.source,
+            "train.batch",
+            f"global batch {b} does not divide by scaling.num_workers={num_workers} "
+            "(each Ray worker takes batch / num_workers images).",
+            f"set train.batch to a multiple of {num_workers}, e.g. {lo or hi} or {hi}.",
+        )

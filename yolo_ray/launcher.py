@@ -20,12 +20,20 @@ def resolve_model(cfg: ExperimentConfig) -> str:
     if local.is_file():
         return str(local.resolve())
     if model.endswith(".pt"):
-        raise ConfigError(cfg.source, "model", f"weights file {model} does not exist (nothing is downloaded).",
-                          "give a local .pt path, or an architecture such as yolo11n.yaml to train from scratch.")
+        raise ConfigError(
+            cfg.source,
+            "model",
+            f"weights file {model} does not exist (nothing is downloaded).",
+            "give a local .pt path, or an architecture such as yolo11n.yaml to train from scratch.",
+        )
     if model.endswith((".yaml", ".yml")) and _shipped_model_yaml(model):
         return model
-    raise ConfigError(cfg.source, "model", f"{model!r} is neither a local file nor an Ultralytics model yaml.",
-                      "use e.g. yolo11n.yaml / yolo11s.yaml, or a path to a local .pt or .yaml.")
+    raise ConfigError(
+        cfg.source,
+        "model",
+        f"{model!r} is neither a local file nor an Ultralytics model yaml.",
+        "use e.g. yolo11n.yaml / yolo11s.yaml, or a path to a local .pt or .yaml.",
+    )
 
 
 def _shipped_model_yaml(name: str) -> bool:
@@ -43,12 +51,31 @@ def ultralytics_overrides(cfg: ExperimentConfig, model: str, data_yaml: Path, sa
     """The Ultralytics train arguments for this experiment (batch is global; accumulate maps to nbs)."""
     t = cfg.train
     overrides = {
-        "model": model, "data": str(data_yaml), "epochs": t.epochs, "imgsz": t.imgsz, "batch": t.batch,
-        "lr0": t.lr0, "lrf": t.lrf, "optimizer": t.optimizer, "momentum": t.momentum,
-        "weight_decay": t.weight_decay, "warmup_epochs": t.warmup_epochs, "cos_lr": t.cos_lr, "amp": t.amp,
-        "cache": t.cache, "workers": t.workers, "seed": t.seed, "deterministic": t.deterministic,
-        "close_mosaic": t.close_mosaic, "patience": t.patience, "val": t.val, "plots": t.plots,
-        "save_dir": str(save_dir), "exist_ok": True, "pretrained": False, **t.extra,
+        "model": model,
+        "data": str(data_yaml),
+        "epochs": t.epochs,
+        "imgsz": t.imgsz,
+        "batch": t.batch,
+        "lr0": t.lr0,
+        "lrf": t.lrf,
+        "optimizer": t.optimizer,
+        "momentum": t.momentum,
+        "weight_decay": t.weight_decay,
+        "warmup_epochs": t.warmup_epochs,
+        "cos_lr": t.cos_lr,
+        "amp": t.amp,
+        "cache": t.cache,
+        "workers": t.workers,
+        "seed": t.seed,
+        "deterministic": t.deterministic,
+        "close_mosaic": t.close_mosaic,
+        "patience": t.patience,
+        "val": t.val,
+        "plots": t.plots,
+        "save_dir": str(save_dir),
+        "exist_ok": True,
+        "pretrained": False,
+        **t.extra,
     }
     if t.accumulate is not None:  # Ultralytics steps every round(nbs / batch) batches; weight decay scales with it
         overrides["nbs"] = t.batch * t.accumulate
@@ -78,13 +105,29 @@ def train(cfg: ExperimentConfig) -> dict[str, Any]:
     from yolo_ray import ray_cluster
     from yolo_ray.worker import train_loop_per_worker
 
+    uri = None
+    if cfg.tracking.enabled:
+        from yolo_ray import tracking
+
+        uri = tracking.tracking_uri(cfg)
+        tracking.check_reachable(cfg, uri)
     where = ray_cluster.connect(cfg.run.ray_address)
     scaling = ray_cluster.resolve(cfg)
+    nodes = ray_cluster.node_count()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
-    print(f"[yolo_ray] ray: {where} | workers: {scaling.num_workers} x "
-          f"{'GPU' if scaling.use_gpu else 'CPU'} | global batch {cfg.train.batch} "
-          f"({cfg.train.batch // scaling.num_workers} per worker) | run dir: {run_dir}", flush=True)
+    tracker = None
+    if uri is not None:
+        tracking.check_multinode(cfg, uri, nodes)
+        tracker = tracking.Tracker(cfg, run_dir, uri)
+        tracker.start(scaling, nodes)
+        tracker.follow()
+    print(
+        f"[yolo_ray] ray: {where} | workers: {scaling.num_workers} x "
+        f"{'GPU' if scaling.use_gpu else 'CPU'} | global batch {cfg.train.batch} "
+        f"({cfg.train.batch // scaling.num_workers} per worker) | run dir: {run_dir}",
+        flush=True,
+    )
 
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -93,12 +136,15 @@ def train(cfg: ExperimentConfig) -> dict[str, Any]:
             "run_dir": str(run_dir),
             "sync_bn": cfg.train.sync_bn,
             "fault": {"epoch": cfg.run.fail_at_epoch, "rank": cfg.run.fail_rank},
+            "export": cfg.tracking.enabled and cfg.tracking.register,
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
-            resources_per_worker={"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker}
-                                                                     if scaling.use_gpu else {})},
+            resources_per_worker={
+                "CPU": scaling.cpus_per_worker,
+                **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {}),
+            },
             placement_strategy=scaling.placement_strategy,
         ),
         run_config=ray.train.RunConfig(
@@ -113,12 +159,27 @@ def train(cfg: ExperimentConfig) -> dict[str, Any]:
         result = trainer.fit()
     except Exception as e:
         write_summary(run_dir, cfg, scaling, started, status="failed", error=str(e))
+        if tracker:
+            tracker.stop_following()
+            tracker.finish("failed")
         raise
-    summary = write_summary(run_dir, cfg, scaling, started, status="finished",
-                            checkpoint=result.checkpoint.path if result.checkpoint else None)
-    print(f"[yolo_ray] done: mAP50={summary['final'].get('mAP50', float('nan')):.4f} "
-          f"mAP50-95={summary['final'].get('mAP50-95', float('nan')):.4f} | summary: {run_dir / 'summary.json'}",
-          flush=True)
+    summary = write_summary(
+        run_dir,
+        cfg,
+        scaling,
+        started,
+        status="finished",
+        checkpoint=result.checkpoint.path if result.checkpoint else None,
+    )
+    if tracker:
+        tracker.stop_following()
+        summary["mlflow"] = {"tracking_uri": uri, **tracker.finish("finished")}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(
+        f"[yolo_ray] done: mAP50={summary['final'].get('mAP50', float('nan')):.4f} "
+        f"mAP50-95={summary['final'].get('mAP50-95', float('nan')):.4f} | summary: {run_dir / 'summary.json'}",
+        flush=True,
+    )
     return summary
 
 

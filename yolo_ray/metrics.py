@@ -29,10 +29,20 @@ def epoch_metrics(trainer: Any, train_seconds: float, resumed_from: int | None) 
     out["train_time_s"] = float(train_seconds)
     out["images_per_s"] = images / train_seconds if train_seconds > 0 else 0.0
     out["world_size"] = int(max(trainer.world_size, 1))
+    out["gpu_mem_peak_gib"] = _peak_gpu_gib(trainer)
     out["resumed_from_epoch"] = -1 if resumed_from is None else int(resumed_from)
     return out
 
 
 def final_metrics(trainer: Any) -> dict[str, Any]:
     """Metrics of the final validation of best.pt (rank 0, after training)."""
-    return {"epochs_completed": trainer.epoch + 1, **clean(trainer.metrics or {})}
+    names = {int(k): str(v) for k, v in trainer.data["names"].items()}
+    return {"epochs_completed": trainer.epoch + 1, **clean(trainer.metrics or {}), "names": names}
+
+
+def _peak_gpu_gib(trainer: Any) -> float:
+    import torch
+
+    if trainer.device.type != "cuda":
+        return 0.0
+    return torch.cuda.max_memory_allocated(trainer.device) / 2**30

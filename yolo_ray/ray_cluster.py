@@ -37,6 +37,10 @@ def _nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
+def node_count() -> int:
+    return len(_nodes())
+
+
 def resolve(cfg: ExperimentConfig) -> Scaling:
     """Turn `auto` into numbers and refuse a worker group this cluster can never place (before any GPU is taken)."""
     sc, src = cfg.scaling, cfg.source
@@ -44,16 +48,24 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
     total_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
     use_gpu = total_gpus > 0 if sc.use_gpu == "auto" else bool(sc.use_gpu)
     if not use_gpu and cfg.train.sync_bn:
-        raise ConfigError(src, "train.sync_bn", "SyncBatchNorm needs GPUs, and this run trains on CPUs.",
-                          "set train.sync_bn: false, or run on a cluster with GPUs.")
+        raise ConfigError(
+            src,
+            "train.sync_bn",
+            "SyncBatchNorm needs GPUs, and this run trains on CPUs.",
+            "set train.sync_bn: false, or run on a cluster with GPUs.",
+        )
     gpus = sc.gpus_per_worker if use_gpu else 0.0
     if sc.num_workers == "auto":
         num_workers = max(1, int(total_gpus // gpus)) if use_gpu else 2
     else:
         num_workers = sc.num_workers
     if use_gpu and num_workers > 1 and gpus < 1:
-        raise ConfigError(src, "scaling.gpus_per_worker", f"{gpus} is a fraction; NCCL refuses two ranks on one GPU.",
-                          "use gpus_per_worker: 1 for multi-worker runs (fractions suit single-worker tune trials).")
+        raise ConfigError(
+            src,
+            "scaling.gpus_per_worker",
+            f"{gpus} is a fraction; NCCL refuses two ranks on one GPU.",
+            "use gpus_per_worker: 1 for multi-worker runs (fractions suit single-worker tune trials).",
+        )
     check_batch_divides(cfg, num_workers)
     scaling = Scaling(num_workers, use_gpu, sc.cpus_per_worker, gpus, sc.placement_strategy)
     if not sc.autoscaling:
@@ -78,9 +90,12 @@ def check_capacity(cfg: ExperimentConfig, s: Scaling, nodes: list[dict]) -> None
         placeable = max(per_node, default=0)
     if s.num_workers > placeable:
         what = f"{s.cpus_per_worker:g} CPU" + (f" + {s.gpus_per_worker:g} GPU" if s.gpus_per_worker else "")
-        raise ConfigError(cfg.source, "scaling.num_workers",
-                          f"{s.num_workers} workers of {what} each can never be placed: the cluster "
-                          f"({len(nodes)} node(s)) fits at most {placeable} with placement "
-                          f"{s.placement_strategy}.",
-                          f"set scaling.num_workers <= {placeable}, lower scaling.cpus_per_worker, or use a larger "
-                          "cluster (scaling.autoscaling: true if an autoscaler will add nodes).")
+        raise ConfigError(
+            cfg.source,
+            "scaling.num_workers",
+            f"{s.num_workers} workers of {what} each can never be placed: the cluster "
+            f"({len(nodes)} node(s)) fits at most {placeable} with placement "
+            f"{s.placement_strategy}.",
+            f"set scaling.num_workers <= {placeable}, lower scaling.cpus_per_worker, or use a larger "
+            "cluster (scaling.autoscaling: true if an autoscaler will add nodes).",
+        )

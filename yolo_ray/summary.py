@@ -28,8 +28,15 @@ def _ranks(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
 
 
-def write_summary(run_dir: Path, cfg: Any, scaling: Any, started: float, status: str,
-                  checkpoint: str | None = None, error: str | None = None) -> dict[str, Any]:
+def write_summary(
+    run_dir: Path,
+    cfg: Any,
+    scaling: Any,
+    started: float,
+    status: str,
+    checkpoint: str | None = None,
+    error: str | None = None,
+) -> dict[str, Any]:
     history = read_history(run_dir)
     final_file = run_dir / "final_metrics.json"
     final = json.loads(final_file.read_text()) if final_file.exists() and status == "finished" else {}

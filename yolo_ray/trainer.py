@@ -65,11 +65,21 @@ class RayDetectionTrainer(DetectionTrainer):
 
     def parameter_digest(self) -> str:
         """SHA-256 of the trained parameters (not buffers: BN running stats are per rank, as upstream)."""
-        h = hashlib.sha256()
-        for name, p in unwrap_model(self.model).named_parameters():
-            h.update(name.encode())
-            h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-        return h.hexdigest()
+        return weights_digest(unwrap_model(self.model))
+
+    def checkpoint_digest(self) -> str:
+        """SHA-256 of the weights as last.pt stores them (the EMA in fp16): what a resumed run must start from."""
+        return weights_digest(self.ema.ema, as_saved=True)
+
+
+def weights_digest(module: nn.Module, as_saved: bool = False) -> str:
+    h = hashlib.sha256()
+    for name, p in module.named_parameters():
+        t = p.detach().to("cpu")
+        t = t.half().float() if as_saved else t.float()
+        h.update(name.encode())
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 class _RayDDP(nn.parallel.DistributedDataParallel):

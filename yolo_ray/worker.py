@@ -60,6 +60,23 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         write_rank_record(trainer, run_dir, ctx, device, resumed_from)
         if rank == 0:
             (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics(trainer), indent=2))
+            if config.get("export") and trainer.best.exists():
+                export_best(trainer, run_dir)
+
+
+def export_best(trainer: Any, run_dir: Path) -> None:
+    """Rank 0: best.pt (plain EMA weights, never the DDP wrapper) -> export/model.onnx, checked on val images."""
+    from yolo_ray.export import export_and_check
+
+    val_images = sorted(trainer.validator.dataloader.dataset.im_files)[:4]
+    out = run_dir / "export"
+    out.mkdir(parents=True, exist_ok=True)
+    check = export_and_check(trainer.best, [Path(p) for p in val_images], trainer.args.imgsz, out)
+    print(
+        f"[yolo_ray] exported {trainer.best} -> {out / 'model.onnx'} (onnxruntime vs PyTorch max |diff| "
+        f"{check['max_abs_diff']:.2e} of scale {check['output_scale']:.1f})",
+        flush=True,
+    )
 
 
 SHOWN = ("train/box_loss", "train/cls_loss", "precision", "recall", "mAP50", "mAP50-95", "lr/pg0", "images_per_s")
@@ -72,11 +89,17 @@ class EpochReporter:
         self.trainer, self.run_dir, self.resumed_from, self.fault = trainer, run_dir, resumed_from, fault
         self.rank = ray.train.get_context().get_world_rank()
         self.t_epoch = self.train_seconds = 0.0
+        self.start_digest = ""
 
     def attach(self) -> None:
+        self.trainer.add_callback("on_train_start", self.on_train_start)
         self.trainer.add_callback("on_train_epoch_start", self.on_train_epoch_start)
         self.trainer.add_callback("on_train_epoch_end", self.on_train_epoch_end)
         self.trainer.add_callback("on_fit_epoch_end", self.on_fit_epoch_end)
+
+    def on_train_start(self, trainer: Any) -> None:
+        if self.rank == 0:  # the weights this attempt starts from (a resumed one: the checkpoint's)
+            self.start_digest = trainer.parameter_digest()
 
     def on_train_epoch_start(self, trainer: Any) -> None:
         self.fault.maybe_fail(rank=self.rank, epoch_about_to_start=trainer.epoch + 1, resumed_from=self.resumed_from)
@@ -91,9 +114,13 @@ class EpochReporter:
         metrics = None
         if self.rank == 0:
             metrics = epoch_metrics(trainer, self.train_seconds, self.resumed_from)
-            append_history(self.run_dir, metrics)
-            print(f"[yolo_ray] epoch {metrics['epoch']}/{trainer.epochs} " + " ".join(
-                f"{k}={_fmt(metrics[k])}" for k in SHOWN if k in metrics), flush=True)
+            metrics["start_weights_sha256"] = self.start_digest
+            metrics["saved_weights_sha256"] = trainer.checkpoint_digest()
+            print(
+                f"[yolo_ray] epoch {metrics['epoch']}/{trainer.epochs} "
+                + " ".join(f"{k}={_fmt(metrics[k])}" for k in SHOWN if k in metrics),
+                flush=True,
+            )
         metrics = _broadcast(metrics)
         if self.rank == 0 and trainer.last.exists():
             with tempfile.TemporaryDirectory(prefix="yolo_ray_ckpt_") as tmp:
@@ -102,6 +129,8 @@ class EpochReporter:
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
         else:
             ray.train.report(metrics)
+        if self.rank == 0:  # after the report: history lists only epochs whose checkpoint is persisted
+            append_history(self.run_dir, metrics)
 
 
 def _broadcast(obj: Any) -> Any:

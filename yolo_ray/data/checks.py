@@ -81,8 +81,12 @@ def _bad_class(label: Path, nc: int) -> tuple[Path, int, int] | None:
 
 def check(data_yaml: Path, source: str) -> None:
     if not data_yaml.is_file():
-        raise ConfigError(source, "data.path", f"dataset file {data_yaml} does not exist.",
-                          "point data.path at a YOLO data.yaml, or set data.path: synthetic to generate one.")
+        raise ConfigError(
+            source,
+            "data.path",
+            f"dataset file {data_yaml} does not exist.",
+            "point data.path at a YOLO data.yaml, or set data.path: synthetic to generate one.",
+        )
     data = yaml.safe_load(data_yaml.read_text()) or {}
     key = f"data.path ({data_yaml})"
     names = _names(data)
@@ -95,15 +99,24 @@ def check(data_yaml: Path, source: str) -> None:
             raise ConfigError(source, key, f"has no `{split}:` entry.", f"add `{split}: images/{split}` to it.")
         images, missing = _image_files(data[split], root)
         if missing:
-            raise ConfigError(source, key, f"its {split} images are missing: {', '.join(map(str, missing))}.",
-                              f"fix `{split}:` (relative to `path: {root}`) or put the images there.")
+            raise ConfigError(
+                source,
+                key,
+                f"its {split} images are missing: {', '.join(map(str, missing))}.",
+                f"fix `{split}:` (relative to `path: {root}`) or put the images there.",
+            )
         if not images:
-            raise ConfigError(source, key, f"its {split} folder holds no images.",
-                              f"put images (.jpg/.png) under {data[split]}.")
+            raise ConfigError(
+                source, key, f"its {split} folder holds no images.", f"put images (.jpg/.png) under {data[split]}."
+            )
         with ThreadPoolExecutor(16) as pool:
             for bad in pool.map(lambda im: _bad_class(_label_file(im), len(names)), images):
                 if bad:
                     f, line, cls = bad
-                    raise ConfigError(source, key, f"label {f} line {line} has class id {cls}, but the dataset "
-                                      f"has nc={len(names)} classes (ids 0..{len(names) - 1}).",
-                                      "fix the label file or add the missing class to `names`.")
+                    raise ConfigError(
+                        source,
+                        key,
+                        f"label {f} line {line} has class id {cls}, but the dataset "
+                        f"has nc={len(names)} classes (ids 0..{len(names) - 1}).",
+                        "fix the label file or add the missing class to `names`.",
+                    )

@@ -94,7 +94,9 @@ def _box(shape: str, cx: float, cy: float, r: float) -> tuple[float, float, floa
     return cx - r, cy - r, cx + r, cy + r
 
 
-def make_image(spec: SynthSpec, index: int, split_seed: int) -> tuple[np.ndarray, list[tuple[int, float, float, float, float]]]:
+def make_image(
+    spec: SynthSpec, index: int, split_seed: int
+) -> tuple[np.ndarray, list[tuple[int, float, float, float, float]]]:
     """One image and its YOLO labels (class, cx, cy, w, h normalised); deterministic in (seed, split, index)."""
     rng = np.random.default_rng([spec.seed, split_seed, index])
     size = spec.imgsz

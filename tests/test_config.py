@@ -1,0 +1,117 @@
+"""Bad input fails early and clearly: file, key and fix in one paragraph, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO, yolo_ray
+
+from yolo_ray import config
+from yolo_ray.config import ConfigError
+
+
+def test_overrides_parse_as_yaml_scalars() -> None:
+    tree = config.parse_overrides(["train.epochs=5", "train.lr0=1e-3", "scaling.use_gpu=false", "run.name=abc"])
+    assert tree == {"train": {"epochs": 5, "lr0": 0.001}, "scaling": {"use_gpu": False}, "run": {"name": "abc"}}
+
+
+def test_embedded_default_and_overrides() -> None:
+    cfg = config.load(None, ["train.epochs=3", "train.extra.mosaic=0.5"])
+    assert cfg.source == config.EMBEDDED and cfg.train.epochs == 3 and cfg.train.extra == {"mosaic": 0.5}
+    assert cfg.data.path == "synthetic" and cfg.scaling.num_workers == "auto"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "experiments").glob("*.yaml")))
+def test_shipped_experiments_validate(name: str) -> None:
+    cfg = config.load(REPO / "experiments" / name)
+    assert cfg.run.name
+
+
+def test_coco_recipe_is_the_4gpu_recipe() -> None:
+    cfg = config.load(REPO / "experiments" / "seed-coco-4gpu.yaml")
+    assert (cfg.model, cfg.train.imgsz, cfg.train.batch, cfg.train.epochs) == ("yolo11s.yaml", 640, 64, 100)
+    assert cfg.scaling.num_workers == 4 and cfg.train.workers * 4 == 16
+    assert cfg.train.sync_bn and cfg.train.amp and cfg.scaling.use_gpu is True
+    acc2 = config.load(REPO / "experiments" / "seed-coco-4gpu-accumulate2.yaml")
+    assert acc2.train.accumulate == 2 and acc2.train.batch == 64
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "words"),
+    [
+        (["train.epoch=3"], "train.epoch", "did you mean `train.epochs`"),
+        (["train.epochs=many"], "train.epochs", "expected int"),
+        (["train.batch=33", "scaling.num_workers=2"], "train.batch", "multiple of 2"),
+        (["train.accumulate=0"], "train.accumulate", "must be >= 1"),
+        (["train.imgsz=100"], "train.imgsz", "multiple of 32"),
+        (["train.extra.mosiac=0.5"], "train.extra.mosiac", "mosaic"),
+        (["scaling.placement_strategy=EVERYWHERE"], "scaling.placement_strategy", "STRICT_SPREAD"),
+    ],
+)
+def test_static_errors_name_key_and_fix(overrides: list[str], key: str, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config.load(None, overrides)
+    assert err.value.key == key and words in str(err.value) and "Fix:" in str(err.value)
+
+
+def _assert_clean_error(proc, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout
+    assert "error:" in proc.stdout and "Fix:" in proc.stdout
+    for f in fragments:
+        assert f in proc.stdout.replace("\n  ", " "), proc.stdout
+
+
+def test_cli_bad_yaml_file_names_file_and_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: yolo11n.yaml\ntrian:\n  epochs: 3\n")
+    _assert_clean_error(yolo_ray("train", str(bad), cwd=tmp_path), str(bad), "trian", "did you mean `train`")
+
+
+def test_cli_missing_dataset(tmp_path: Path) -> None:
+    _assert_clean_error(
+        yolo_ray("train", "data.path=/nonexistent/data.yaml", cwd=tmp_path),
+        "data.path",
+        "/nonexistent/data.yaml",
+        "does not exist",
+    )
+
+
+def test_cli_missing_image_folder(shapes_small: Path, tmp_path: Path) -> None:
+    data = shapes_small / "data.yaml"
+    broken = tmp_path / "data.yaml"
+    broken.write_text(data.read_text().replace("val: val/images", "val: val/nowhere"))
+    _assert_clean_error(yolo_ray("train", f"data.path={broken}", cwd=tmp_path), "val images are missing", "nowhere")
+
+
+def test_cli_label_class_out_of_range(shapes_small: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "ds"
+    shutil.copytree(shapes_small, copy)
+    label = sorted((copy / "train" / "labels").glob("*.txt"))[5]
+    label.write_text(label.read_text() + "7 0.5 0.5 0.1 0.1\n")
+    (copy / "data.yaml").write_text((copy / "data.yaml").read_text().replace(str(shapes_small), str(copy)))
+    _assert_clean_error(
+        yolo_ray("train", f"data.path={copy / 'data.yaml'}", cwd=tmp_path), label.name, "class id 7", "nc=3"
+    )
+
+
+def test_cli_missing_weights(tmp_path: Path) -> None:
+    _assert_clean_error(yolo_ray("train", "model=/nonexistent/best.pt", cwd=tmp_path), "model", "nothing is downloaded")
+
+
+def test_cli_more_workers_than_the_cluster_can_give(shapes_small: Path, tmp_path: Path) -> None:
+    proc = yolo_ray(
+        "train",
+        f"data.dir={shapes_small}",
+        "data.synthetic.images=96",
+        "data.synthetic.imgsz=64",
+        "data.synthetic.seed=1",
+        "scaling.num_workers=64",
+        "train.batch=64",
+        f"run.storage_path={tmp_path}",
+        cwd=tmp_path,
+    )
+    _assert_clean_error(proc, "scaling.num_workers", "64 workers", "can never be placed")
+    assert not (tmp_path / "smoke" / "ranks").exists()  # no worker ever started

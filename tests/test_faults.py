@@ -1,0 +1,111 @@
+"""Recovery: a worker failure restarts the group from the last epoch checkpoint; a killed driver resumes on re-run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ENV, read_jsonl, small_run, yolo_ray
+
+from yolo_ray.faults import FaultPlan, InjectedFault
+
+EPOCHS = 5
+
+
+def test_fault_plan_fails_once() -> None:
+    plan = FaultPlan(epoch=2, rank=1)
+    plan.maybe_fail(rank=0, epoch_about_to_start=3, resumed_from=None)  # other rank: no fault
+    plan.maybe_fail(rank=1, epoch_about_to_start=2, resumed_from=None)  # too early: no fault
+    with pytest.raises(InjectedFault):
+        plan.maybe_fail(rank=1, epoch_about_to_start=3, resumed_from=None)
+    plan.maybe_fail(rank=1, epoch_about_to_start=3, resumed_from=2)  # the resumed attempt goes on
+
+
+def _check_resumed(run_dir: Path, resumed_from: int) -> list[dict]:
+    history = read_jsonl(run_dir / "history.jsonl")
+    assert sorted({h["epoch"] for h in history}) == list(range(1, EPOCHS + 1))
+    first_attempt = [h for h in history if h["resumed_from_epoch"] == -1]
+    second_attempt = [h for h in history if h["resumed_from_epoch"] == resumed_from]
+    assert first_attempt and second_attempt and len(first_attempt) + len(second_attempt) == len(history)
+    # The second attempt starts right after the checkpoint it resumed from, not at epoch 1.
+    assert second_attempt[0]["epoch"] == resumed_from + 1
+    # Resumed weights, not a fresh model: the second attempt starts from exactly what epoch k saved.
+    saved = next(h for h in first_attempt if h["epoch"] == resumed_from)["saved_weights_sha256"]
+    assert second_attempt[0]["start_weights_sha256"] == saved
+    assert first_attempt[0]["start_weights_sha256"] != saved
+    # The LR schedule resumed at the right epoch too (warmup is 1 epoch, then linear decay to lrf).
+    for h in history[1:]:
+        assert h["lr/pg0"] == pytest.approx(0.01 * ((1 - (h["epoch"] - 1) / EPOCHS) * 0.99 + 0.01), rel=1e-6)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["epochs_completed"] == EPOCHS
+    assert all(math.isfinite(summary["final"][k]) and 0 <= summary["final"][k] <= 1 for k in ("mAP50", "mAP50-95"))
+    return history
+
+
+def test_worker_failure_resumes_from_epoch_checkpoint(shapes_small: Path, tmp_path: Path) -> None:
+    proc = yolo_ray(
+        "train",
+        *small_run(
+            shapes_small,
+            tmp_path,
+            "crash",
+            f"train.epochs={EPOCHS}",
+            "run.max_failures=1",
+            "run.fail_at_epoch=2",
+            "run.fail_rank=1",
+        ),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert "InjectedFault" in proc.stdout
+    assert "resuming from the epoch-2 checkpoint" in proc.stdout
+    history = _check_resumed(tmp_path / "crash", resumed_from=2)
+    assert [h["epoch"] for h in history] == list(range(1, EPOCHS + 1))  # no epoch lost, none repeated
+    assert json.loads((tmp_path / "crash" / "summary.json").read_text())["restarts"] == 1
+
+
+def test_failure_without_retries_keeps_checkpoints(shapes_small: Path, tmp_path: Path) -> None:
+    """max_failures=0: the run fails, loses nothing, and the same command resumes it (driver-level resume)."""
+    args = small_run(shapes_small, tmp_path, "stop", f"train.epochs={EPOCHS}", "run.max_failures=0")
+    failed = yolo_ray("train", *args, cwd=tmp_path, env={**ENV, "YOLO_RAY_FAIL_AT": "3:0"})
+    assert failed.returncode == 1 and "InjectedFault" in failed.stdout
+    assert json.loads((tmp_path / "stop" / "summary.json").read_text())["status"] == "failed"
+    assert [h["epoch"] for h in read_jsonl(tmp_path / "stop" / "history.jsonl")] == [1, 2, 3]
+    resumed = yolo_ray("train", *args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-5000:]
+    _check_resumed(tmp_path / "stop", resumed_from=3)
+
+
+def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> None:
+    args = small_run(shapes_small, tmp_path, "killed", f"train.epochs={EPOCHS}")
+    cmd = [sys.executable, "-m", "yolo_ray", "train", *args]
+    with open(tmp_path / "first.log", "w") as log:
+        driver = subprocess.Popen(
+            cmd, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        history = tmp_path / "killed" / "history.jsonl"
+        deadline = time.time() + 600
+        while time.time() < deadline and driver.poll() is None:
+            if history.exists() and len(read_jsonl(history)) >= 2:
+                break
+            time.sleep(0.5)
+        assert driver.poll() is None, "the driver ended before it could be killed"
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started die together
+        driver.wait()
+    killed_at = max(h["epoch"] for h in read_jsonl(history))
+    resumed = yolo_ray("train", *args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-5000:]
+    assert "resuming from the epoch-" in resumed.stdout
+    history_rows = read_jsonl(history)
+    resumed_rows = [h for h in history_rows if h["resumed_from_epoch"] >= 0]
+    assert resumed_rows and resumed_rows[0]["resumed_from_epoch"] >= 2
+    assert resumed_rows[0]["epoch"] == resumed_rows[0]["resumed_from_epoch"] + 1 <= killed_at + 1
+    assert sorted({h["epoch"] for h in history_rows}) == list(range(1, EPOCHS + 1))
+    assert json.loads((tmp_path / "killed" / "summary.json").read_text())["epochs_completed"] == EPOCHS

@@ -1,0 +1,342 @@
+"""MLflow: one run per training run, per-epoch metrics, artifacts, and the ONNX model in the Model Registry.
+
+The driver is the only MLflow writer. Workers never talk to MLflow: rank 0 appends each epoch to history.jsonl in
+the run directory, and the driver ships new lines to MLflow from a background thread. So a tracking server that
+goes down mid-run never slows or breaks training, and whatever it missed is sent once it is back (a cursor in
+mlflow.json records what arrived). The run id lives in the run directory too, so a worker restart or a re-run of
+the same command continues the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.summary import read_history
+
+STATE = "mlflow.json"
+# Fail fast against a server that is down; the sync loop retries on its own schedule.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+def tracking_uri(cfg: ExperimentConfig) -> str:
+    """Config, else MLFLOW_TRACKING_URI, else the embedded sqlite store beside the runs."""
+    if cfg.tracking.uri:
+        return cfg.tracking.uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    storage = Path(cfg.run.storage_path).expanduser().resolve()
+    storage.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{storage / 'mlflow.db'}"
+
+
+def is_local(uri: str) -> bool:
+    return urlparse(uri).scheme in ("", "file", "sqlite")
+
+
+def check_reachable(cfg: ExperimentConfig, uri: str) -> None:
+    """A remote tracking server must answer before any worker (or GPU) is started."""
+    if is_local(uri):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as r:
+            if r.status == 200:
+                return
+    except OSError as e:
+        reason = str(e)
+    else:
+        reason = f"HTTP {r.status}"
+    raise ConfigError(
+        cfg.source,
+        "tracking.uri",
+        f"the MLflow tracking server {uri} does not answer ({reason}).",
+        "start it (mlflow server ...), fix tracking.uri / MLFLOW_TRACKING_URI, or set tracking.enabled: false.",
+    )
+
+
+def check_multinode(cfg: ExperimentConfig, uri: str, nodes: int) -> None:
+    if nodes > 1 and is_local(uri):
+        raise ConfigError(
+            cfg.source,
+            "tracking.uri",
+            f"{uri} is a local store, but this Ray cluster has {nodes} "
+            "nodes: runs logged there are visible on one machine only.",
+            "run an MLflow server every node can reach and set tracking.uri (or "
+            "MLFLOW_TRACKING_URI) to its http:// address.",
+        )
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _git_commit() -> str | None:
+    try:
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _versions() -> dict[str, str]:
+    import mlflow
+    import ray
+    import torch
+
+    import yolo_ray
+
+    try:
+        from importlib.metadata import version
+
+        ultralytics_version = version("ultralytics")
+    except Exception:
+        ultralytics_version = "unknown"
+    return {
+        "yolo_ray": yolo_ray.__version__,
+        "ultralytics": ultralytics_version,
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "mlflow": mlflow.__version__,
+        "cuda": str(torch.version.cuda),
+    }
+
+
+class Tracker:
+    """The driver's MLflow writer for one run directory."""
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, uri: str):
+        from mlflow import MlflowClient
+
+        self.cfg, self.run_dir, self.uri = cfg, run_dir, uri
+        self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        self.state_file = run_dir / STATE
+        self.state: dict[str, Any] = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+
+    # ---------------------------------------------------------------- run lifecycle
+
+    def start(self, scaling: Any, nodes: int) -> str:
+        """Create the MLflow run (or reuse the one this run directory already has)."""
+        if self.state.get("run_id"):
+            print(f"[yolo_ray] mlflow: continuing run {self.state['run_id']} at {self.uri}", flush=True)
+            return self.state["run_id"]
+        exp = self.client.get_experiment_by_name(self.cfg.tracking.experiment)
+        if exp is None:
+            artifacts = None
+            if is_local(self.uri):  # keep artifacts beside the sqlite store, not in the working directory
+                artifacts = (Path(self.cfg.run.storage_path).expanduser().resolve() / "mlartifacts").as_uri()
+            exp_id = self.client.create_experiment(self.cfg.tracking.experiment, artifact_location=artifacts)
+        else:
+            exp_id = exp.experiment_id
+        tags = {f"version.{k}": v for k, v in _versions().items()}
+        commit = _git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        tags.update({"config": self.cfg.source, "run_dir": str(self.run_dir)})
+        tags.update(self.cfg.tracking.tags)
+        run = self.client.create_run(exp_id, run_name=self.cfg.run.name, tags=tags)
+        self.state = {"tracking_uri": self.uri, "run_id": run.info.run_id, "experiment_id": exp_id, "synced": 0}
+        self._save()
+        params = _flatten(self.cfg.to_dict())
+        params.update(
+            {
+                "scaling.world_size": scaling.num_workers,
+                "scaling.nodes": nodes,
+                "scaling.use_gpu": scaling.use_gpu,
+                "scaling.gpus_per_node": scaling.gpus_per_worker * scaling.num_workers / max(nodes, 1),
+                "train.per_worker_batch": self.cfg.train.batch // scaling.num_workers,
+                "train.effective_batch": self.cfg.train.batch * (self.cfg.train.accumulate or 1),
+            }
+        )
+        self._log_params(run.info.run_id, params)
+        print(
+            f"[yolo_ray] mlflow: run {run.info.run_id} in experiment '{self.cfg.tracking.experiment}' at {self.uri}",
+            flush=True,
+        )
+        return run.info.run_id
+
+    def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if k != "tracking.tags"]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run_id, params=items[i : i + 100])
+
+    def _save(self) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=2))
+        tmp.replace(self.state_file)
+
+    # ---------------------------------------------------------------- metrics
+
+    def sync_metrics(self) -> int:
+        """Send history lines MLflow has not seen yet (one point per metric per epoch). Returns how many."""
+        from mlflow.entities import Metric
+
+        history = read_history(self.run_dir)
+        sent = 0
+        for row in history[self.state.get("synced", 0) :]:
+            ts = int(row.get("time", time.time()) * 1000)
+            metrics = [
+                Metric(k, float(v), ts, int(row["epoch"]))
+                for k, v in row.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("time",)
+            ]
+            self.client.log_batch(self.state["run_id"], metrics=metrics)
+            self.state["synced"] = self.state.get("synced", 0) + 1
+            self._save()
+            sent += 1
+        return sent
+
+    def _loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                self.sync_metrics()
+                if self._warned:
+                    print("[yolo_ray] mlflow: tracking server is back; metrics caught up", flush=True)
+                    self._warned = False
+            except Exception as e:  # server down: training goes on, the cursor keeps what is pending
+                if not self._warned:
+                    print(
+                        f"[yolo_ray] mlflow: cannot reach {self.uri} ({type(e).__name__}); training goes on, "
+                        "metrics are kept in history.jsonl and sent when it is back",
+                        flush=True,
+                    )
+                    self._warned = True
+
+    def follow(self, every_s: float = 2.0) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True, name="mlflow-sync")
+        self._thread.start()
+
+    def stop_following(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    # ---------------------------------------------------------------- the end of a run
+
+    def finish(self, status: str, grace_s: float | None = None) -> dict[str, Any]:
+        """Metrics, artifacts and the registered model, retried while the server is away (up to grace_s)."""
+        grace_s = self.cfg.tracking.outage_grace_s if grace_s is None else grace_s
+        deadline = time.time() + grace_s
+        while True:
+            try:
+                return self._finish_once(status)
+            except Exception as e:
+                if time.time() > deadline:
+                    self.state["pending"] = True
+                    self._save()
+                    print(
+                        f"[yolo_ray] mlflow: could not finish logging ({e}); nothing is lost: run "
+                        f"`yolo-ray sync {self.run_dir}` once {self.uri} is back",
+                        flush=True,
+                    )
+                    return {"pending": True, "error": str(e)}
+                time.sleep(3)
+
+    def _finish_once(self, status: str) -> dict[str, Any]:
+        self.sync_metrics()
+        run_id = self.state["run_id"]
+        if not self.state.get("artifacts_logged"):
+            self._log_artifacts(run_id)
+            self.state["artifacts_logged"] = True
+            self._save()
+        out: dict[str, Any] = {"run_id": run_id}
+        if status == "finished" and self.cfg.tracking.register and not self.state.get("model_version"):
+            self.state["model_version"] = self._register(run_id)
+            self._save()
+        if self.state.get("model_version"):
+            out["model"] = {
+                "name": self.model_name,
+                "version": self.state["model_version"],
+                "alias": self.cfg.tracking.alias,
+            }
+        self.client.set_terminated(run_id, status="FINISHED" if status == "finished" else "FAILED")
+        self.state.pop("pending", None)
+        self._save()
+        return out
+
+    def _log_artifacts(self, run_id: str) -> None:
+        train_dir = self.run_dir / "train"
+        for f in sorted(train_dir.glob("*")):
+            if f.is_file() and f.suffix in (".csv", ".png", ".jpg", ".yaml"):
+                self.client.log_artifact(run_id, str(f), artifact_path="results")
+        for name in ("best.pt", "last.pt"):
+            if (train_dir / "weights" / name).exists():
+                self.client.log_artifact(run_id, str(train_dir / "weights" / name), artifact_path="weights")
+        for name in ("config.yaml", "summary.json", "history.jsonl", "final_metrics.json"):
+            if (self.run_dir / name).exists():
+                self.client.log_artifact(run_id, str(self.run_dir / name))
+        if (self.run_dir / "export" / "check.json").exists():
+            self.client.log_artifact(run_id, str(self.run_dir / "export" / "check.json"), artifact_path="export")
+
+    @property
+    def model_name(self) -> str:
+        return self.cfg.tracking.model_name or f"yolo_ray-{self.cfg.run.name}"
+
+    def _register(self, run_id: str) -> str | None:
+        """Log export/model.onnx as an MLflow ONNX model and register it with tags and an alias."""
+        import mlflow
+        import numpy as np
+        import onnx
+        import onnxruntime as ort
+        from mlflow.models import infer_signature
+
+        onnx_path = self.run_dir / "export" / "model.onnx"
+        if not onnx_path.exists():
+            print("[yolo_ray] mlflow: no export/model.onnx; nothing to register", flush=True)
+            return None
+        imgsz = self.cfg.train.imgsz
+        example = np.zeros((1, 3, imgsz, imgsz), np.float32)
+        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        output = session.run(None, {session.get_inputs()[0].name: example})[0]
+        mlflow.set_tracking_uri(self.uri)
+        mlflow.set_registry_uri(self.uri)
+        final = json.loads((self.run_dir / "final_metrics.json").read_text())
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.onnx.log_model(
+                onnx.load(str(onnx_path)),
+                name="model",
+                signature=infer_signature(example, output),
+                input_example=example,
+                registered_model_name=self.model_name,
+            )
+        version = str(info.registered_model_version)
+        tags = {
+            "mAP50": final.get("mAP50"),
+            "mAP50-95": final.get("mAP50-95"),
+            "run_id": run_id,
+            "data": self.cfg.data.path if self.cfg.data.path != "synthetic" else f"synthetic:{self.cfg.data.dir}",
+            "imgsz": imgsz,
+            "names": json.dumps(final.get("names", {})),
+        }
+        for k, v in tags.items():
+            self.client.set_model_version_tag(self.model_name, version, k, str(v))
+        self.client.set_registered_model_alias(self.model_name, self.cfg.tracking.alias, version)
+        print(
+            f"[yolo_ray] mlflow: registered models:/{self.model_name}@{self.cfg.tracking.alias} (version {version})",
+            flush=True,
+        )
+        return version
