@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -81,12 +86,71 @@ def small_run(shapes_small: Path, storage: Path, name: str, *extra: str) -> list
     ]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` on loopback (sqlite backend, proxied artifact store) that tests can stop and restart."""
+
+    def __init__(self, root: Path):
+        self.root, self.port = root, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--backend-store-uri",
+            f"sqlite:///{self.root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(self.root / "artifacts"),
+            "--workers",
+            "1",
+        ]
+        log = open(self.root / "server.log", "a")
+        self.proc = subprocess.Popen(cmd, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"mlflow server did not come up: {(self.root / 'server.log').read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    server.start()
+    yield server
+    server.stop()
+
+
+MODEL_NAME = "shapes-detector"
+
 # The learning run: the shipped smoke experiment as a user runs it (2 gloo workers on the CPU).
 LEARN_EPOCHS = 30
 
 
 @pytest.fixture(scope="session")
-def ddp_run(shapes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ddp_run(shapes: Path, mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     storage = tmp_path_factory.mktemp("ddp_run")
     proc = yolo_ray(
         "train",
@@ -95,7 +159,89 @@ def ddp_run(shapes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"train.epochs={LEARN_EPOCHS}",
         f"run.storage_path={storage}",
         "run.name=learn",
+        f"tracking.uri={mlflow_server.uri}",
+        f"tracking.model_name={MODEL_NAME}",
         cwd=storage,
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
     return storage / "learn"
+
+
+# ------------------------------------------------------------------ a real 2-node cluster on one machine
+
+NS, HEAD_IF, NODE_IF = "yolo_ray_n1", "yr-veth0", "yr-veth1"
+HEAD_IP, NODE_IP, PORT = "10.213.0.1", "10.213.0.2", 6391
+
+
+def _sh(*cmd: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+RAY = str(Path(sys.executable).parent / "ray")
+# Nodes run jobs too: their shell must find this venv's `yolo-ray`.
+NODE_ENV = {**ENV, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+
+
+def _teardown() -> None:
+    _sh(RAY, "stop", "--force", check=False, env=ENV)
+    _sh("ip", "netns", "del", NS, check=False)
+    _sh("ip", "link", "del", HEAD_IF, check=False)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster() -> Iterator[str]:
+    """Head (with dashboard and Jobs API) in this namespace, a second node in its own network namespace.
+
+    Yields the GCS address; the Jobs API is at http://HEAD_IP:8265. Nodes and namespace are removed even on failure.
+    """
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.fail("the multi-node tests need root and iproute2 (.ci/run installs iproute2)")
+    _teardown()
+    try:
+        _sh("ip", "netns", "add", NS)
+        _sh("ip", "link", "add", HEAD_IF, "type", "veth", "peer", "name", NODE_IF)
+        _sh("ip", "link", "set", NODE_IF, "netns", NS)
+        _sh("ip", "addr", "add", f"{HEAD_IP}/24", "dev", HEAD_IF)
+        _sh("ip", "link", "set", HEAD_IF, "up")
+        _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{NODE_IP}/24", "dev", NODE_IF)
+        _sh("ip", "netns", "exec", NS, "ip", "link", "set", NODE_IF, "up")
+        _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
+        # gloo binds the interface named here; without it, it picks 127.0.0.1 and the peer's connect is refused.
+        _sh(
+            RAY,
+            "start",
+            "--head",
+            f"--node-ip-address={HEAD_IP}",
+            f"--port={PORT}",
+            "--num-cpus=1",
+            "--include-dashboard=true",
+            f"--dashboard-host={HEAD_IP}",
+            "--disable-usage-stats",
+            env={**NODE_ENV, "GLOO_SOCKET_IFNAME": HEAD_IF},
+        )
+        _sh(
+            "ip",
+            "netns",
+            "exec",
+            NS,
+            RAY,
+            "start",
+            f"--address={HEAD_IP}:{PORT}",
+            f"--node-ip-address={NODE_IP}",
+            "--num-cpus=1",
+            "--disable-usage-stats",
+            env={**NODE_ENV, "GLOO_SOCKET_IFNAME": NODE_IF},
+        )
+        deadline = time.time() + 60
+        while time.time() < deadline:  # both nodes registered and the Jobs API answering
+            try:
+                with urllib.request.urlopen(f"http://{HEAD_IP}:8265/api/v0/nodes", timeout=5) as r:
+                    nodes = json.loads(r.read())["data"]["result"]["result"]
+                if sum(n["state"] == "ALIVE" for n in nodes) == 2:
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        yield f"{HEAD_IP}:{PORT}"
+    finally:
+        _teardown()

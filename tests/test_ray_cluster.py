@@ -3,78 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from conftest import ENV, small_run, yolo_ray
-
-NS, HEAD_IF, NODE_IF = "yolo_ray_n1", "yr-veth0", "yr-veth1"
-HEAD_IP, NODE_IP, PORT = "10.213.0.1", "10.213.0.2", 6391
-
-
-def _sh(*cmd: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=check, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _teardown() -> None:
-    ray = shutil.which("ray", path=os.path.dirname(os.sys.executable)) or "ray"
-    _sh(ray, "stop", "--force", check=False, env=ENV)
-    _sh("ip", "netns", "del", NS, check=False)
-    _sh("ip", "link", "del", HEAD_IF, check=False)
-
-
-@pytest.fixture
-def two_node_cluster(tmp_path: Path) -> Iterator[str]:
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.fail("the multi-node test needs root and iproute2 (.ci/run installs iproute2)")
-    ray = str(Path(os.sys.executable).parent / "ray")
-    _teardown()
-    try:
-        _sh("ip", "netns", "add", NS)
-        _sh("ip", "link", "add", HEAD_IF, "type", "veth", "peer", "name", NODE_IF)
-        _sh("ip", "link", "set", NODE_IF, "netns", NS)
-        _sh("ip", "addr", "add", f"{HEAD_IP}/24", "dev", HEAD_IF)
-        _sh("ip", "link", "set", HEAD_IF, "up")
-        _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{NODE_IP}/24", "dev", NODE_IF)
-        _sh("ip", "netns", "exec", NS, "ip", "link", "set", NODE_IF, "up")
-        _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
-        # gloo binds the interface named here; without it, it picks 127.0.0.1 and the peer's connect is refused.
-        _sh(
-            ray,
-            "start",
-            "--head",
-            f"--node-ip-address={HEAD_IP}",
-            f"--port={PORT}",
-            "--num-cpus=1",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-            env={**ENV, "GLOO_SOCKET_IFNAME": HEAD_IF},
-        )
-        _sh(
-            "ip",
-            "netns",
-            "exec",
-            NS,
-            ray,
-            "start",
-            f"--address={HEAD_IP}:{PORT}",
-            f"--node-ip-address={NODE_IP}",
-            "--num-cpus=1",
-            "--disable-usage-stats",
-            env={**ENV, "GLOO_SOCKET_IFNAME": NODE_IF},
-        )
-        time.sleep(2)
-        yield f"{HEAD_IP}:{PORT}"
-    finally:
-        _teardown()
+from conftest import HEAD_IP, NODE_IP, small_run, yolo_ray
 
 
 def test_two_nodes_train_together(two_node_cluster: str, shapes_small: Path, tmp_path: Path) -> None:
+    # A tracking store on one machine's disk is refused for a multi-node cluster, before training starts.
+    local_store = yolo_ray(
+        "train",
+        *small_run(shapes_small, tmp_path, "multinode", "tracking.enabled=true", f"run.ray_address={two_node_cluster}"),
+        cwd=tmp_path,
+    )
+    assert local_store.returncode == 2 and "is a local store" in local_store.stdout
     proc = yolo_ray(
         "train",
         *small_run(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 
@@ -137,6 +138,16 @@ def cmd_promote(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(ns: argparse.Namespace) -> int:
+    from yolo_ray import config
+    from yolo_ray.submit import submit
+
+    path, overrides = _split(ns.args)
+    cfg = config.load(path, overrides)  # bad input fails here, before anything reaches the cluster
+    command = "tune" if ns.tune else "train"
+    return submit(ns.address, command, cfg, path, overrides, wait=not ns.no_wait, working_dir=ns.working_dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="yolo-ray",
@@ -176,6 +187,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("out_dir")
     s.add_argument("options", nargs="*", metavar="key=value")
     s.set_defaults(func=cmd_synth)
+
+    j = sub.add_parser(
+        "submit",
+        help="submit a train (or --tune) run to a Ray cluster as a job and follow it",
+        description="Validates the config here, uploads the working dir (minus .rayignore), runs "
+        "`yolo-ray train CONFIG ...` on the cluster, streams its logs and exits with its outcome.",
+    )
+    j.add_argument("args", nargs="*", metavar="[CONFIG] key=value")
+    j.add_argument(
+        "--address",
+        default=os.environ.get("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:8265"),
+        help="the cluster's dashboard/jobs address (default: RAY_API_SERVER_ADDRESS or local)",
+    )
+    j.add_argument("--tune", action="store_true", help="submit `yolo-ray tune` instead of train")
+    j.add_argument("--no-wait", action="store_true", help="print the submission id and return")
+    j.add_argument("--working-dir", default=".", help="uploaded as the job's working dir (default: .)")
+    j.set_defaults(func=cmd_submit)
 
     y = sub.add_parser("sync", help="send what MLflow missed (server outage) for a run directory")
     y.add_argument("run_dir")

@@ -139,7 +139,10 @@ class Tracker:
 
     def start(self, scaling: Any, nodes: int) -> str:
         """Create the MLflow run (or reuse the one this run directory already has)."""
-        if self.state.get("run_id"):
+        if self.state.get("run_id"):  # a re-run of the same run directory: same MLflow run, running again
+            self.client.update_run(self.state["run_id"], status="RUNNING")
+            self.state["artifacts_logged"] = False
+            self._save()
             print(f"[yolo_ray] mlflow: continuing run {self.state['run_id']} at {self.uri}", flush=True)
             return self.state["run_id"]
         exp = self.client.get_experiment_by_name(self.cfg.tracking.experiment)

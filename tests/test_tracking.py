@@ -1,0 +1,263 @@
+"""MLflow is the system of record: one run per training, every epoch, the artifacts, and a registered ONNX model
+that loads and predicts. Against a real `mlflow server` on loopback, stopped and restarted mid-run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+from conftest import ENV, LEARN_EPOCHS, MODEL_NAME, MlflowServer, free_port, read_jsonl, small_run, yolo_ray
+from mlflow import MlflowClient
+
+from yolo_ray.export import ONNX_RTOL, letterbox_batch
+
+
+def _run(client: MlflowClient, name: str):
+    runs = [
+        r for e in client.search_experiments() for r in client.search_runs([e.experiment_id]) if r.info.run_name == name
+    ]
+    assert len(runs) == 1, f"expected exactly one MLflow run named {name}, got {len(runs)}"
+    return runs[0]
+
+
+def _steps(client: MlflowClient, run_id: str, metric: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, metric))
+
+
+def test_one_run_with_params_metrics_and_artifacts(ddp_run: Path, mlflow_server: MlflowServer) -> None:
+    client = MlflowClient(mlflow_server.uri)
+    run = _run(client, "learn")
+    assert run.info.status == "FINISHED"
+    p = run.data.params
+    assert p["train.batch"] == "16" and p["train.epochs"] == str(LEARN_EPOCHS) and p["model"] == "yolo11n.yaml"
+    assert p["scaling.world_size"] == "2" and p["train.per_worker_batch"] == "8" and p["scaling.nodes"] == "1"
+    assert run.data.tags["version.ultralytics"] and run.data.tags["version.ray"] and run.data.tags["version.torch"]
+    for metric in (
+        "mAP50",
+        "mAP50-95",
+        "precision",
+        "recall",
+        "train/box_loss",
+        "val/box_loss",
+        "lr/pg0",
+        "epoch_time_s",
+        "images_per_s",
+        "gpu_mem_peak_gib",
+    ):
+        assert _steps(client, run.info.run_id, metric) == list(range(1, LEARN_EPOCHS + 1)), metric
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    artifacts |= {a.path for d in ("results", "weights") for a in client.list_artifacts(run.info.run_id, d)}
+    for name in (
+        "config.yaml",
+        "results/results.csv",
+        "results/results.png",
+        "results/BoxPR_curve.png",
+        "results/confusion_matrix.png",
+        "results/val_batch0_pred.jpg",
+        "weights/best.pt",
+        "weights/last.pt",
+    ):
+        assert name in artifacts, name
+
+
+def test_onnx_export_matches_pytorch(ddp_run: Path) -> None:
+    check = json.loads((ddp_run / "export" / "check.json").read_text())
+    assert check["ok"] and check["images"] == 4
+    assert check["max_abs_diff"] <= ONNX_RTOL * check["output_scale"]
+
+
+def test_registered_model_loads_and_predicts(ddp_run: Path, shapes: Path, mlflow_server: MlflowServer) -> None:
+    mlflow.set_tracking_uri(mlflow_server.uri)
+    mlflow.set_registry_uri(mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri)
+    version = client.get_model_version_by_alias(MODEL_NAME, "candidate")
+    assert version.run_id == _run(client, "learn").info.run_id
+    assert float(version.tags["mAP50"]) >= 0.5 and "synthetic" in version.tags["data"]
+    model = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@candidate")
+    assert mlflow.onnx.load_model(f"models:/{MODEL_NAME}@candidate").graph.input
+    hits = 0
+    images = sorted((shapes / "val" / "images").glob("*.jpg"))[:10]
+    for image in images:
+        out = model.predict(letterbox_batch([image], 128))
+        pred = next(iter(out.values()))[0] if isinstance(out, dict) else np.asarray(out)[0]  # (4 + nc, anchors)
+        scores = pred[4:].max(0)
+        best = int(scores.argmax())
+        cx, cy, w, h = pred[:4, best] / 128
+        cls = int(pred[4:, best].argmax())
+        labels = [
+            list(map(float, line.split()))
+            for line in (shapes / "val" / "labels" / f"{image.stem}.txt").read_text().splitlines()
+        ]
+        ious = [_iou((cx, cy, w, h), tuple(lab[1:])) for lab in labels if int(lab[0]) == cls]
+        hits += scores[best] > 0.5 and max(ious, default=0) > 0.5
+    assert hits >= 8, f"the registered model found a correct box in only {hits}/10 val images"
+
+
+def _iou(a: tuple, b: tuple) -> float:
+    ax1, ay1, ax2, ay2 = a[0] - a[2] / 2, a[1] - a[3] / 2, a[0] + a[2] / 2, a[1] + a[3] / 2
+    bx1, by1, bx2, by2 = b[0] - b[2] / 2, b[1] - b[3] / 2, b[0] + b[2] / 2, b[1] + b[3] / 2
+    inter = max(0, min(ax2, bx2) - max(ax1, bx1)) * max(0, min(ay2, by2) - max(ay1, by1))
+    return inter / (a[2] * a[3] + b[2] * b[3] - inter)
+
+
+def test_rest_api_the_ui_uses_lists_the_run(ddp_run: Path, mlflow_server: MlflowServer) -> None:
+    exp = MlflowClient(mlflow_server.uri).get_experiment_by_name("yolo_ray")
+    body = json.dumps({"experiment_ids": [exp.experiment_id], "max_results": 50}).encode()
+    req = urllib.request.Request(
+        f"{mlflow_server.uri}/ajax-api/2.0/mlflow/runs/search", data=body, headers={"Content-Type": "application/json"}
+    )
+    runs = json.loads(urllib.request.urlopen(req, timeout=30).read())["runs"]
+    learn = [r for r in runs if r["info"]["run_name"] == "learn"]
+    assert len(learn) == 1
+    metrics = {m["key"]: m for m in learn[0]["data"]["metrics"]}
+    assert metrics["mAP50"]["step"] == LEARN_EPOCHS and metrics["mAP50"]["value"] >= 0.5
+    assert {"mAP50-95", "precision", "recall", "train/box_loss", "val/box_loss"} <= metrics.keys()
+
+
+def test_server_down_at_start_is_a_clear_error(tmp_path: Path) -> None:
+    proc = yolo_ray(
+        "train",
+        f"tracking.uri=http://127.0.0.1:{free_port()}",
+        f"run.storage_path={tmp_path}",
+        "data.dir=" + str(tmp_path / "ds"),
+        "data.synthetic.images=8",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout
+    assert "tracking.uri" in proc.stdout and "does not answer" in proc.stdout
+    assert "Started a local Ray" not in proc.stdout  # refused before any worker or device was taken
+
+
+EPOCHS = 7
+
+
+def test_outage_and_worker_restart_lose_nothing(shapes_small: Path, tmp_path: Path) -> None:
+    """The server dies after epoch 2 and comes back after epoch 4; a worker fails after epoch 3 and restarts."""
+    server = MlflowServer(tmp_path / "mlflow")
+    server.root.mkdir()
+    server.start()
+    args = small_run(
+        shapes_small,
+        tmp_path,
+        "outage",
+        f"train.epochs={EPOCHS}",
+        "tracking.enabled=true",
+        f"tracking.uri={server.uri}",
+        "run.max_failures=1",
+        "run.fail_at_epoch=3",
+    )
+    history = tmp_path / "outage" / "history.jsonl"
+    log = open(tmp_path / "driver.log", "w")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "yolo_ray", "train", *args], cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        _wait_for(lambda: history.exists() and len(read_jsonl(history)) >= 2, driver)
+        server.stop()
+        _wait_for(lambda: len(read_jsonl(history)) >= 4, driver)
+        assert driver.poll() is None, "training must go on while MLflow is down"
+        server.start()
+        assert driver.wait(600) == 0, (tmp_path / "driver.log").read_text()[-4000:]
+    finally:
+        if driver.poll() is None:
+            driver.send_signal(signal.SIGKILL)
+        server.stop()
+    server.start()
+    try:
+        client = MlflowClient(server.uri)
+        run = _run(client, "outage")
+        assert run.info.status == "FINISHED"
+        for metric in ("mAP50", "train/box_loss", "epoch"):
+            assert _steps(client, run.info.run_id, metric) == list(range(1, EPOCHS + 1)), metric
+        assert [
+            m.value
+            for m in sorted(client.get_metric_history(run.info.run_id, "resumed_from_epoch"), key=lambda m: m.step)
+        ] == [-1] * 3 + [3] * 4
+        assert "weights/best.pt" in {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
+        assert client.get_model_version_by_alias("yolo_ray-outage", "candidate").run_id == run.info.run_id
+        assert "cannot reach" in (tmp_path / "driver.log").read_text()
+        # Nothing left to send: a sync is a no-op, not a duplicate.
+        proc = yolo_ray("sync", str(tmp_path / "outage"), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert _steps(client, run.info.run_id, "mAP50") == list(range(1, EPOCHS + 1))
+    finally:
+        server.stop()
+
+
+def _wait_for(cond, driver: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        assert driver.poll() is None, "the driver ended early"
+        time.sleep(0.3)
+    raise TimeoutError
+
+
+@pytest.fixture(scope="module")
+def weak_version(shapes_small: Path, mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A second, barely trained version of the same registered model, made by a run that fails and is re-run."""
+    storage = tmp_path_factory.mktemp("weak")
+    args = small_run(
+        shapes_small,
+        storage,
+        "weak",
+        "train.epochs=3",
+        "tracking.enabled=true",
+        f"tracking.uri={mlflow_server.uri}",
+        f"tracking.model_name={MODEL_NAME}",
+        "run.max_failures=0",
+    )
+    failed = yolo_ray("train", *args, cwd=storage, env={**ENV, "YOLO_RAY_FAIL_AT": "1:0"})
+    assert failed.returncode == 1
+    resumed = yolo_ray("train", *args, cwd=storage)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    client = MlflowClient(mlflow_server.uri)
+    run = _run(client, "weak")  # the failed attempt and the re-run share one MLflow run
+    assert run.info.status == "FINISHED"
+    assert _steps(client, run.info.run_id, "epoch") == [1, 2, 3]
+    return json.loads((storage / "weak" / "summary.json").read_text())["mlflow"]["model"]["version"]
+
+
+def test_promote_keeps_the_better_champion(
+    ddp_run: Path, weak_version: str, mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    client = MlflowClient(mlflow_server.uri)
+    learn_run = _run(client, "learn").info.run_id
+    first = next(v.version for v in client.search_model_versions(f"name='{MODEL_NAME}'") if v.run_id == learn_run)
+    assert first != weak_version
+    # The newest registration took the `candidate` alias.
+    assert client.get_model_version_by_alias(MODEL_NAME, "candidate").version == weak_version
+    uri = ["--tracking-uri", mlflow_server.uri]
+    assert yolo_ray("promote", MODEL_NAME, first, *uri, cwd=tmp_path).returncode == 0
+    refused = yolo_ray("promote", MODEL_NAME, weak_version, *uri, cwd=tmp_path)
+    assert refused.returncode == 1 and "worse than the champion" in refused.stdout
+    assert client.get_model_version_by_alias(MODEL_NAME, "champion").version == first
+    assert yolo_ray("promote", MODEL_NAME, weak_version, "--force", *uri, cwd=tmp_path).returncode == 0
+    assert client.get_model_version_by_alias(MODEL_NAME, "champion").version == weak_version
+
+
+def test_export_cli_from_registry_and_run(ddp_run: Path, mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    uri = ["--tracking-uri", mlflow_server.uri]
+    proc = yolo_ray(
+        "export",
+        f"models:/{MODEL_NAME}@candidate",
+        "formats=onnx,torchscript",
+        f"out={tmp_path / 'a'}",
+        *uri,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    paths = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert Path(paths["onnx"]).is_file() and Path(paths["torchscript"]).is_file()
+    proc = yolo_ray("export", str(ddp_run), "formats=onnx", f"out={tmp_path / 'b'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
