@@ -24,12 +24,12 @@ def connect(address: str | None) -> str:
     if ray.is_initialized():
         return "existing"
     address = address or os.environ.get("RAY_ADDRESS")
-    # Workers inherit these: Ultralytics must never reach for the network.
-    env = {"YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "false", "RAY_TRAIN_V2_ENABLED": "1"}
+    # No runtime_env here: under `ray job submit` the job's own runtime env (working dir, env vars) must apply
+    # unmerged; workers set Ultralytics' offline environment themselves (ultralytics_env).
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True)
         return address
-    ray.init(address="local", runtime_env={"env_vars": env}, include_dashboard=False)
+    ray.init(address="local", include_dashboard=False)
     return "local"
 
 
