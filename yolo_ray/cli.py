@@ -42,6 +42,15 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0 if summary.get("status") == "finished" else 1
 
 
+def cmd_tune(ns: argparse.Namespace) -> int:
+    from yolo_ray import config, sweep
+
+    path, overrides = _split(ns.args)
+    cfg = config.load(path, overrides)
+    out = sweep.run(cfg)
+    return 0 if out["best"] else 1
+
+
 def cmd_check(ns: argparse.Namespace) -> int:
     from yolo_ray import config, launcher
 
@@ -171,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="train the same experiment with plain Ultralytics in this process (baseline, no Ray)",
     )
     t.set_defaults(func=cmd_train)
+
+    u = sub.add_parser(
+        "tune",
+        help="run a Ray Tune sweep defined in the config's `tune:` section",
+        description="Sweep training keys (batch, lr0, accumulate, ...) with Ray Tune: each trial is a "
+        "yolo_ray training run reporting every epoch (ASHA stops weak ones). tune.resume=true "
+        "continues an interrupted sweep.",
+    )
+    u.add_argument("args", nargs="*", metavar="[CONFIG] key=value")
+    u.set_defaults(func=cmd_tune)
 
     c = sub.add_parser("check", help="validate an experiment config and its dataset, without training")
     c.add_argument("args", nargs="*", metavar="[CONFIG] key=value")

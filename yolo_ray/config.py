@@ -105,6 +105,32 @@ class TrackingSection:
 
 
 @dataclass
+class TrialScaling:
+    num_workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 1.0  # a fraction (e.g. 0.25) lets several single-worker trials share one GPU
+
+
+@dataclass
+class TuneSection:
+    metric: str = "mAP50-95"
+    mode: Literal["max", "min"] = "max"
+    num_samples: int = 8
+    search: Literal["optuna", "random", "grid"] = "optuna"
+    scheduler: Literal["asha", "none"] = "asha"
+    grace_period: int = 2  # epochs every trial runs before ASHA may stop it
+    reduction_factor: int = 2
+    max_concurrent: int | Literal["auto"] = "auto"  # auto: what the cluster fits at once
+    time_budget_s: float | None = None
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # lr0 follows batch * accumulate vs reference_batch
+    reference_batch: int = 64
+    trial: TrialScaling = field(default_factory=TrialScaling)
+    space: dict = field(default_factory=dict)  # {"train.lr0": {"loguniform": [1e-4, 1e-1]}, ...}
+    resume: bool = False
+    seed: int = 0
+
+
+@dataclass
 class ExperimentConfig:
     model: str = "yolo11n.yaml"  # a YOLO11 yaml (built from scratch) or a local .pt
     data: DataConfig = field(default_factory=DataConfig)
@@ -112,7 +138,7 @@ class ExperimentConfig:
     scaling: ScalingSection = field(default_factory=ScalingSection)
     run: RunSection = field(default_factory=RunSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
-    tune: dict = field(default_factory=dict)  # Ray Tune sweep (see tune issue)
+    tune: TuneSection = field(default_factory=TuneSection)
     source: str = field(default=EMBEDDED, metadata={"internal": True})
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,6 +277,22 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def from_dict(raw: dict, source: str) -> ExperimentConfig:
+    """An ExperimentConfig from an already-parsed mapping (checked like a file)."""
+    cfg = _build(ExperimentConfig, raw, source, "")
+    cfg.source = source
+    check_static(cfg)
+    return cfg
+
+
+def apply(cfg: ExperimentConfig, dotted: dict[str, Any]) -> ExperimentConfig:
+    """A copy of cfg with `{"train.lr0": 0.01, ...}` applied (checked again)."""
+    raw = cfg.to_dict()
+    for key, value in dotted.items():
+        _deep_set(raw, key, value)
+    return from_dict(raw, cfg.source)
+
+
 def load(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
     """Load a YAML experiment (or the embedded default when path is None) and apply overrides."""
     raw: dict = {}
@@ -271,10 +313,7 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Experim
             raise ConfigError(source, "<file>", f"is not valid YAML ({e}).", "fix the YAML syntax.") from None
     if overrides:
         raw = _merge(raw, parse_overrides(overrides, source=f"{source} (command-line override)"))
-    cfg = _build(ExperimentConfig, raw, source, "")
-    cfg.source = source
-    check_static(cfg)
-    return cfg
+    return from_dict(raw, source)
 
 
 # --------------------------------------------------------------------------------------------------- checks

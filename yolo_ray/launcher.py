@@ -89,8 +89,11 @@ def prepare(cfg: ExperimentConfig) -> tuple[str, Path]:
     return model, data_yaml
 
 
-def train(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Run one experiment to the end (or resume it) and return its summary."""
+def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
+    """Run one experiment to the end (or resume it) and return its summary.
+
+    callbacks: Ray Train callbacks (a Tune trial passes TuneReportCallback); parent_run_id nests the MLflow run.
+    """
     started = time.time()
     model, data_yaml = prepare(cfg)
     run_dir = (Path(cfg.run.storage_path).expanduser() / cfg.run.name).resolve()
@@ -119,7 +122,7 @@ def train(cfg: ExperimentConfig) -> dict[str, Any]:
     tracker = None
     if uri is not None:
         tracking.check_multinode(cfg, uri, nodes)
-        tracker = tracking.Tracker(cfg, run_dir, uri)
+        tracker = tracking.Tracker(cfg, run_dir, uri, parent_run_id=parent_run_id)
         tracker.start(scaling, nodes)
         tracker.follow()
     print(
@@ -152,6 +155,7 @@ def train(cfg: ExperimentConfig) -> dict[str, Any]:
             storage_path=str(run_dir.parent),
             failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
+            callbacks=callbacks or None,
         ),
         torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
     )

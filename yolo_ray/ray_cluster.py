@@ -19,8 +19,12 @@ class Scaling:
     placement_strategy: str
 
 
-def connect(address: str | None) -> str:
-    """Attach to `address` (or RAY_ADDRESS, as set by `ray job submit`); else start a private local Ray."""
+def connect(address: str | None, dashboard: bool = False) -> str:
+    """Attach to `address` (or RAY_ADDRESS, as set by `ray job submit`); else start a private local Ray.
+
+    dashboard: start the local dashboard too; its state API lets Ray Train release the placement groups of Tune
+    trials that ASHA stopped (without it they leak and later trials wait forever).
+    """
     if ray.is_initialized():
         return "existing"
     address = address or os.environ.get("RAY_ADDRESS")
@@ -29,7 +33,7 @@ def connect(address: str | None) -> str:
     if address:
         ray.init(address=address, log_to_driver=True)
         return address
-    ray.init(address="local", include_dashboard=False)
+    ray.init(address="local", include_dashboard=dashboard)
     return "local"
 
 

@@ -75,12 +75,12 @@ def check_multinode(cfg: ExperimentConfig, uri: str, nodes: int) -> None:
         )
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v:
-            out.update(_flatten(v, key + "."))
+            out.update(flatten(v, key + "."))
         else:
             out[key] = v
     return out
@@ -121,13 +121,42 @@ def _versions() -> dict[str, str]:
     }
 
 
+def log_params(client: Any, run_id: str, params: dict[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if not k.startswith("tracking.tags")]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i : i + 100])
+
+
+def ensure_experiment(client: Any, cfg: ExperimentConfig, uri: str) -> str:
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    artifacts = None
+    if is_local(uri):  # keep artifacts beside the sqlite store, not in the working directory
+        artifacts = (Path(cfg.run.storage_path).expanduser().resolve() / "mlartifacts").as_uri()
+    return client.create_experiment(cfg.tracking.experiment, artifact_location=artifacts)
+
+
+def run_tags(cfg: ExperimentConfig) -> dict[str, str]:
+    """Versions, git commit and config source: the tags every yolo_ray run carries."""
+    tags = {f"version.{k}": v for k, v in _versions().items()}
+    commit = _git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    tags["config"] = cfg.source
+    tags.update({str(k): str(v) for k, v in cfg.tracking.tags.items()})
+    return tags
+
+
 class Tracker:
     """The driver's MLflow writer for one run directory."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, uri: str):
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, uri: str, parent_run_id: str | None = None):
         from mlflow import MlflowClient
 
-        self.cfg, self.run_dir, self.uri = cfg, run_dir, uri
+        self.cfg, self.run_dir, self.uri, self.parent_run_id = cfg, run_dir, uri, parent_run_id
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         self.state_file = run_dir / STATE
         self.state: dict[str, Any] = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
@@ -145,24 +174,14 @@ class Tracker:
             self._save()
             print(f"[yolo_ray] mlflow: continuing run {self.state['run_id']} at {self.uri}", flush=True)
             return self.state["run_id"]
-        exp = self.client.get_experiment_by_name(self.cfg.tracking.experiment)
-        if exp is None:
-            artifacts = None
-            if is_local(self.uri):  # keep artifacts beside the sqlite store, not in the working directory
-                artifacts = (Path(self.cfg.run.storage_path).expanduser().resolve() / "mlartifacts").as_uri()
-            exp_id = self.client.create_experiment(self.cfg.tracking.experiment, artifact_location=artifacts)
-        else:
-            exp_id = exp.experiment_id
-        tags = {f"version.{k}": v for k, v in _versions().items()}
-        commit = _git_commit()
-        if commit:
-            tags["mlflow.source.git.commit"] = commit
-        tags.update({"config": self.cfg.source, "run_dir": str(self.run_dir)})
-        tags.update(self.cfg.tracking.tags)
+        exp_id = ensure_experiment(self.client, self.cfg, self.uri)
+        tags = {**run_tags(self.cfg), "run_dir": str(self.run_dir)}
+        if self.parent_run_id:  # a sweep trial: nested under the sweep's run in the UI
+            tags["mlflow.parentRunId"] = self.parent_run_id
         run = self.client.create_run(exp_id, run_name=self.cfg.run.name, tags=tags)
         self.state = {"tracking_uri": self.uri, "run_id": run.info.run_id, "experiment_id": exp_id, "synced": 0}
         self._save()
-        params = _flatten(self.cfg.to_dict())
+        params = flatten(self.cfg.to_dict())
         params.update(
             {
                 "scaling.world_size": scaling.num_workers,
@@ -181,11 +200,7 @@ class Tracker:
         return run.info.run_id
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if k != "tracking.tags"]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(run_id, params=items[i : i + 100])
+        log_params(self.client, run_id, params)
 
     def _save(self) -> None:
         tmp = self.state_file.with_suffix(".tmp")
@@ -276,7 +291,7 @@ class Tracker:
                 "version": self.state["model_version"],
                 "alias": self.cfg.tracking.alias,
             }
-        self.client.set_terminated(run_id, status="FINISHED" if status == "finished" else "FAILED")
+        self.client.set_terminated(run_id, status={"finished": "FINISHED", "killed": "KILLED"}.get(status, "FAILED"))
         self.state.pop("pending", None)
         self._save()
         return out

@@ -21,7 +21,7 @@ def set_offline_env(config_dir: str | Path | None = None) -> None:
     os.environ["YOLO_AUTOINSTALL"] = "false"
     os.environ.setdefault("YOLO_VERBOSE", "true")
     if config_dir is None:  # one dir per process: concurrent ranks must not race on one settings.json
-        config_dir = Path(tempfile.gettempdir()) / "yolo_ray" / f"ultralytics-{os.getpid()}"
+        config_dir = Path(tempfile.gettempdir()) / f"ultralytics-settings-{os.getpid()}"
     Path(config_dir).mkdir(parents=True, exist_ok=True)
     os.environ["YOLO_CONFIG_DIR"] = str(config_dir)
 
