@@ -106,6 +106,10 @@ def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> N
     history_rows = read_jsonl(history)
     resumed_rows = [h for h in history_rows if h["resumed_from_epoch"] >= 0]
     assert resumed_rows and resumed_rows[0]["resumed_from_epoch"] >= 2
-    assert resumed_rows[0]["epoch"] == resumed_rows[0]["resumed_from_epoch"] + 1 <= killed_at + 1
-    assert sorted({h["epoch"] for h in history_rows}) == list(range(1, EPOCHS + 1))
+    # It resumes where the killed run got to: its last logged epoch, or one later whose checkpoint was already on
+    # storage when the kill came (the line for it is restored from the checkpoint).
+    assert resumed_rows[0]["epoch"] == resumed_rows[0]["resumed_from_epoch"] + 1
+    assert resumed_rows[0]["resumed_from_epoch"] in (killed_at, killed_at + 1)
+    # Resumed from the newest checkpoint on storage: no epoch trained (or reported) twice.
+    assert [h["epoch"] for h in history_rows] == list(range(1, EPOCHS + 1))
     assert json.loads((tmp_path / "killed" / "summary.json").read_text())["epochs_completed"] == EPOCHS

@@ -251,9 +251,10 @@ def _scalar(text: str) -> Any:
     return value
 
 
-def parse_overrides(items: list[str], source: str = "command line") -> dict:
-    """`train.epochs=5 scaling.num_workers=4` -> nested dict; values are parsed as YAML scalars."""
-    tree: dict = {}
+def parse_overrides(items: list[str], source: str = "command line", into: dict | None = None) -> dict:
+    """`train.epochs=5 scaling.num_workers=4` set into a nested dict (values parsed as YAML). Each override
+    replaces the value at its dotted path, so `tune.space={...}` replaces the whole space."""
+    tree: dict = {} if into is None else into
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -268,13 +269,6 @@ def parse_overrides(items: list[str], source: str = "command line") -> dict:
                 "check the dotted path, e.g. `train.extra.mosaic=0.5`.",
             ) from None
     return tree
-
-
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def from_dict(raw: dict, source: str) -> ExperimentConfig:
@@ -312,7 +306,7 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Experim
         except yaml.YAMLError as e:
             raise ConfigError(source, "<file>", f"is not valid YAML ({e}).", "fix the YAML syntax.") from None
     if overrides:
-        raw = _merge(raw, parse_overrides(overrides, source=f"{source} (command-line override)"))
+        raw = parse_overrides(overrides, source=f"{source} (command-line override)", into=raw)
     return from_dict(raw, source)
 
 

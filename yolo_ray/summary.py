@@ -14,7 +14,7 @@ HISTORY = "history.jsonl"
 def append_history(run_dir: Path, metrics: dict[str, Any]) -> None:
     """One line per reported epoch, written by rank 0 (a resumed attempt appends after the last good epoch)."""
     with open(run_dir / HISTORY, "a") as f:
-        f.write(json.dumps({**metrics, "time": time.time()}) + "\n")
+        f.write(json.dumps({"time": time.time(), **metrics}) + "\n")
 
 
 def read_history(run_dir: Path) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ import yaml
 
 from yolo_ray import config as config_mod
 from yolo_ray.config import ConfigError, ExperimentConfig, TuneSection
+from yolo_ray.summary import read_history
 
 KINDS = ("choice", "uniform", "loguniform", "grid")
 
@@ -306,19 +307,22 @@ def report(
     sign = 1 if t.mode == "max" else -1
     trials = []
     for result in grid:
-        df = result.metrics_dataframe
-        history = df.to_dict("records") if df is not None else []
-        values = [h[t.metric] for h in history if t.metric in h and h[t.metric] == h[t.metric]]
         trial_id = (result.metrics or {}).get("trial_id") or Path(result.path or "?").name
+        # The trial's own history is the record of what it trained (a stopped trial may finish one more epoch
+        # after Tune's decision); Tune's dataframe is the fallback.
+        history = read_history(sweep_dir / "trials" / trial_id)
+        if not history and result.metrics_dataframe is not None:
+            history = result.metrics_dataframe.to_dict("records")
+        values = [h[t.metric] for h in history if t.metric in h and h[t.metric] == h[t.metric]]
         trials.append(
             {
                 "trial_id": trial_id,
                 "config": result.config,
-                "epochs": len(history),
+                "epochs": max((int(h.get("epoch", 0)) for h in history), default=0),
                 "best": max(values, key=lambda v: sign * v) if values else None,
                 "status": "error"
                 if result.error
-                else ("completed" if len(history) >= cfg.train.epochs else "stopped early"),
+                else ("completed" if history and history[-1].get("epoch", 0) >= cfg.train.epochs else "stopped early"),
                 "history": [{k: h.get(k) for k in ("epoch", t.metric, "train/box_loss")} for h in history],
             }
         )
@@ -470,6 +474,10 @@ class TrialFollower:
         client.set_terminated(self.parent, status="FINISHED")
 
 
+def _safe(name: str) -> str:
+    return name.replace("/", "_").replace(".", "_")
+
+
 def _plots(out: dict, sweep_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -490,7 +498,7 @@ def _plots(out: dict, sweep_dir: Path) -> list[Path]:
         ax.set_ylabel(f"best {metric}")
         ax.set_title(f"{metric} vs {key}")
         fig.tight_layout()
-        paths.append(sweep_dir / f"{metric}_vs_{key.replace('.', '_')}.png")
+        paths.append(sweep_dir / f"{_safe(metric)}_vs_{_safe(key)}.png")
         fig.savefig(paths[-1], dpi=100)
         plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from yolo_ray import faults
 from yolo_ray.metrics import epoch_metrics, final_metrics
-from yolo_ray.summary import append_history
+from yolo_ray.summary import append_history, read_history
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -44,14 +44,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     overrides["device"] = "cpu" if device.type == "cpu" else str(device.index)
 
     with ExitStack() as stack:
-        checkpoint = ray.train.get_checkpoint()
-        resumed_from = None
-        if checkpoint is not None:
-            ckpt_dir = Path(stack.enter_context(checkpoint.as_directory()))
-            resumed_from = json.loads((ckpt_dir / "meta.json").read_text())["epoch"]
-            overrides["resume"] = str(ckpt_dir / "last.pt")
+        ckpt_dir, resumed_from = _broadcast(resume_point(run_dir, stack))
+        if ckpt_dir is not None:
+            overrides["resume"] = str(Path(ckpt_dir) / "last.pt")
             if rank == 0:
-                print(f"[yolo_ray] resuming from the epoch-{resumed_from} checkpoint {checkpoint.path}", flush=True)
+                print(f"[yolo_ray] resuming from the epoch-{resumed_from} checkpoint {ckpt_dir}", flush=True)
+                reconcile_history(run_dir, Path(ckpt_dir))
 
         trainer = RayDetectionTrainer(overrides, device=device, world_size=world_size, sync_bn=config["sync_bn"])
         reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
@@ -80,6 +78,35 @@ def export_best(trainer: Any, run_dir: Path) -> None:
 
 
 SHOWN = ("train/box_loss", "train/cls_loss", "precision", "recall", "mAP50", "mAP50-95", "lr/pg0", "images_per_s")
+
+
+def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | None]:
+    """The newest complete epoch checkpoint: Ray's registered one, or a newer one already persisted in the run
+    directory (a driver or worker that died right after a report leaves the checkpoint on storage before Ray's
+    controller registered it; resuming from it means no epoch is trained twice)."""
+    candidates = list(run_dir.glob("checkpoint_*"))
+    registered = ray.train.get_checkpoint()
+    if registered is not None:
+        candidates.append(Path(stack.enter_context(registered.as_directory())))
+    best: tuple[int, str] | None = None
+    for d in candidates:
+        try:
+            meta = json.loads((d / "meta.json").read_text())
+            complete = (d / "last.pt").stat().st_size == meta["last_pt_bytes"]
+        except (OSError, KeyError, ValueError):
+            continue  # partly written
+        if complete and (best is None or meta["epoch"] > best[0]):
+            best = (meta["epoch"], str(d))
+    return (best[1], best[0]) if best else (None, None)
+
+
+def reconcile_history(run_dir: Path, ckpt_dir: Path) -> None:
+    """history.jsonl as of the checkpoint resumed from: a process killed between persisting epoch k's checkpoint
+    and appending its line left the line out; the checkpoint carries it."""
+    meta = json.loads((ckpt_dir / "meta.json").read_text())
+    rows = [r for r in read_history(run_dir) if r["epoch"] <= meta["epoch"]]
+    if not any(r["epoch"] == meta["epoch"] for r in rows) and "metrics" in meta:
+        append_history(run_dir, meta["metrics"])
 
 
 class EpochReporter:
@@ -125,7 +152,12 @@ class EpochReporter:
         if self.rank == 0 and trainer.last.exists():
             with tempfile.TemporaryDirectory(prefix="yolo_ray_ckpt_") as tmp:
                 shutil.copy2(trainer.last, Path(tmp) / "last.pt")
-                (Path(tmp) / "meta.json").write_text(json.dumps({"epoch": metrics["epoch"]}))
+                meta = {
+                    "epoch": metrics["epoch"],
+                    "last_pt_bytes": (Path(tmp) / "last.pt").stat().st_size,
+                    "metrics": {**metrics, "time": time.time()},
+                }
+                (Path(tmp) / "meta.json").write_text(json.dumps(meta))
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
         else:
             ray.train.report(metrics)
