@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 
 from yolo_ray import __version__
 from yolo_ray.config import ConfigError
@@ -35,7 +36,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if ns.native:
         from yolo_ray.native import train_native
 
-        summary = train_native(cfg)
+        summary = train_native(cfg, device=ns.device)
         print(f"[yolo_ray] native Ultralytics: {json.dumps(summary['final'])}")
     else:
         summary = launcher.train(cfg)
@@ -49,6 +50,29 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     cfg = config.load(path, overrides)
     out = sweep.run(cfg)
     return 0 if out["best"] else 1
+
+
+def cmd_bench(ns: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    from yolo_ray import bench
+    from yolo_ray.config import parse_overrides
+
+    settings = bench.BenchSettings.cpu() if ns.cpu else bench.BenchSettings()
+    opts = parse_overrides(ns.options, source="yolo-ray bench")
+    known = {f.name for f in dataclasses.fields(settings)}
+    if set(opts) - known:
+        raise ConfigError(
+            "yolo-ray bench",
+            ", ".join(sorted(set(opts) - known)),
+            "unknown option.",
+            f"use any of: {', '.join(sorted(known))}.",
+        )
+    settings = dataclasses.replace(settings, **opts)
+    out = Path(ns.out or f"benchmarks/results/{time.strftime('%Y%m%d-%H%M%S')}-{'cpu' if ns.cpu else 'gpu'}.json")
+    bench.run(settings, ns.cpu, out)
+    return 0
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
@@ -190,6 +214,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     u.add_argument("args", nargs="*", metavar="[CONFIG] key=value")
     u.set_defaults(func=cmd_tune)
+
+    b = sub.add_parser(
+        "bench",
+        help="benchmark native Ultralytics vs yolo_ray side by side (table + JSON)",
+        description="On this machine, same data and settings: native Ultralytics on 1 device and its "
+        "DDP on all, yolo_ray with 1 and N workers, and the GPU-only step ceiling. Options: "
+        "model= imgsz= images= epochs= batch_per_gpu= workers= cache= amp= gpus=.",
+    )
+    b.add_argument("options", nargs="*", metavar="key=value")
+    b.add_argument("--cpu", action="store_true", help="a tiny CPU configuration (CI): proves it runs, no targets")
+    b.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<time>-<cpu|gpu>.json)")
+    b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("check", help="validate an experiment config and its dataset, without training")
     c.add_argument("args", nargs="*", metavar="[CONFIG] key=value")

@@ -13,7 +13,10 @@ from yolo_ray.metrics import clean
 
 
 def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
-    """Train with `ultralytics.YOLO(model).train(...)` on one device; returns a summary like yolo_ray's."""
+    """Train with `ultralytics.YOLO(model).train(...)`; returns a summary like yolo_ray's.
+
+    device: Ultralytics' own notion, e.g. "cpu", "0", or "0,1" (its torch.distributed.run DDP launcher).
+    """
     from yolo_ray import ultralytics_env
 
     ultralytics_env.setup()
@@ -34,7 +37,7 @@ def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
         "run_dir": str(run_dir),
         "native": True,
         "final": {k: metrics[k] for k in ("mAP50", "mAP50-95", "precision", "recall") if k in metrics},
-        "epochs_completed": yolo.trainer.epoch + 1,
+        "epochs_completed": getattr(yolo.trainer, "epoch", cfg.train.epochs - 1) + 1,  # a DDP parent never trains
         "world_size": 1,
         "wall_time_s": round(time.time() - started, 2),
     }

@@ -19,11 +19,12 @@ class Scaling:
     placement_strategy: str
 
 
-def connect(address: str | None, dashboard: bool = False) -> str:
+def connect(address: str | None) -> str:
     """Attach to `address` (or RAY_ADDRESS, as set by `ray job submit`); else start a private local Ray.
 
-    dashboard: start the local dashboard too; its state API lets Ray Train release the placement groups of Tune
-    trials that ASHA stopped (without it they leak and later trials wait forever).
+    A local Ray starts with its dashboard (on 127.0.0.1): its state API is what Ray Train's placement-group cleaner
+    asks about dead controllers, so the groups of stopped Tune trials are freed (without it they leak and later
+    trials wait forever, and every run logs "State API may be temporarily unavailable").
     """
     if ray.is_initialized():
         return "existing"
@@ -33,7 +34,7 @@ def connect(address: str | None, dashboard: bool = False) -> str:
     if address:
         ray.init(address=address, log_to_driver=True)
         return address
-    ray.init(address="local", include_dashboard=dashboard)
+    ray.init(address="local", include_dashboard=None, dashboard_host="127.0.0.1")  # None: if ray[default] is in
     return "local"
 
 

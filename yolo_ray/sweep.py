@@ -196,7 +196,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     uri = tracking.tracking_uri(cfg) if cfg.tracking.enabled else None
     if uri:
         tracking.check_reachable(cfg, uri)
-    ray_cluster.connect(cfg.run.ray_address, dashboard=True)  # the state API lets Train free stopped trials' PGs
+    ray_cluster.connect(cfg.run.ray_address)
     use_gpu = bool(cfg.scaling.use_gpu) if cfg.scaling.use_gpu != "auto" else ray.cluster_resources().get("GPU", 0) > 0
     base = config_mod.apply(cfg, {"scaling.use_gpu": use_gpu, "data.path": cfg.data.path})
     concurrent = max_concurrent(cfg, use_gpu)

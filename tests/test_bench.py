@@ -1,0 +1,36 @@
+"""`yolo-ray bench --cpu`: the benchmark runs end to end on a tiny configuration (no speed targets in tests)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import yolo_ray
+
+from yolo_ray.bench import steady_images_per_s
+
+
+def test_steady_state_drops_first_and_validating_epochs() -> None:
+    rows = [{"time": 10.0}, {"time": 14.0}, {"time": 18.0}, {"time": 30.0}]  # warm-up, 2 steady, last validates
+    assert steady_images_per_s(rows, 400) == (100.0, 4.0)
+
+
+def test_cpu_bench_runs_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = yolo_ray(
+        "bench",
+        "--cpu",
+        f"data_dir={tmp_path / 'data'}",
+        f"out_dir={tmp_path / 'runs'}",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    report = json.loads(out.read_text())
+    rows = {r["name"]: r for r in report["results"]}
+    assert set(rows) == {"native-1cpu", "yolo_ray-1cpu", "yolo_ray-2cpu", "cpu-step-ceiling"}
+    assert all("error" not in r and r["images_per_s"] > 0 for r in rows.values()), rows
+    assert rows["yolo_ray-1cpu"]["ratio_vs_native"] > 0 and rows["yolo_ray-2cpu"]["scaling_efficiency"] > 0
+    assert report["commit"] and report["settings"]["imgsz"] == 64
+    assert "images_per_s" in proc.stdout and "yolo_ray-2cpu" in proc.stdout  # the printed table

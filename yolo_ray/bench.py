@@ -1,0 +1,332 @@
+"""`yolo-ray bench`: native Ultralytics vs yolo_ray on the same machine, data and settings, in one run.
+
+Every variant trains through its real entry point in a subprocess with validation off until the last epoch, so
+the gaps between Ultralytics' results.csv rows are training time; steady state drops the first epoch. Beside them,
+the GPU-only ceiling: the model's own training step on random tensors (no loader). Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class BenchSettings:
+    model: str = "yolo11n.yaml"
+    imgsz: int = 640
+    images: int = 4096
+    epochs: int = 3
+    batch_per_gpu: int = 64
+    workers: int = 8  # loader processes per GPU (per Ray worker)
+    cache: str = "false"
+    amp: bool = True
+    gpus: int = 0  # 0: all visible
+    data_dir: str = "datasets/bench"
+    out_dir: str = "benchmarks/runs"
+    ceiling_steps: int = 30
+
+    @classmethod
+    def cpu(cls) -> BenchSettings:
+        """A tiny end-to-end configuration for CI: proves the benchmark runs, sets no targets."""
+        return cls(
+            imgsz=64,
+            images=64,
+            epochs=2,
+            batch_per_gpu=8,
+            workers=0,
+            amp=False,
+            ceiling_steps=3,
+            data_dir="datasets/bench-cpu",
+            out_dir="benchmarks/runs-cpu",
+        )
+
+
+class Sampler:
+    """CPU and GPU utilisation and peak GPU memory, sampled while a variant runs."""
+
+    def __init__(self) -> None:
+        self.cpu: list[float] = []
+        self.gpu: list[float] = []
+        self.mem_mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        import psutil
+
+        psutil.cpu_percent(None)
+        while not self._stop.wait(1.0):
+            self.cpu.append(psutil.cpu_percent(None))
+            try:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                )
+                rows = [list(map(float, r.split(","))) for r in out.stdout.strip().splitlines() if r.strip()]
+                if rows:
+                    self.gpu.append(statistics.mean(r[0] for r in rows))
+                    self.mem_mib = max(self.mem_mib, max(r[1] for r in rows))
+            except (OSError, subprocess.SubprocessError, ValueError):
+                pass
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, float | None]:
+        return {
+            "cpu_util_pct": round(statistics.mean(self.cpu), 1) if self.cpu else None,
+            "gpu_util_pct": round(statistics.mean(self.gpu), 1) if self.gpu else None,
+            "peak_gpu_mem_gib": round(self.mem_mib / 1024, 2) if self.mem_mib else None,
+        }
+
+
+def _results_csv(run_dir: Path) -> list[dict[str, float]]:
+    import csv
+
+    path = run_dir / "train" / "results.csv"
+    with open(path) as f:
+        return [{k.strip(): float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def steady_images_per_s(rows: list[dict[str, float]], images: int) -> tuple[float, float]:
+    """(images/s, seconds per epoch) over epochs 2..n from results.csv's cumulative time column."""
+    times = [r["time"] for r in rows]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)][:-1] or [times[0]]  # last epoch validates
+    epoch_s = statistics.median(gaps)
+    return images / epoch_s, epoch_s
+
+
+def _overrides(s: BenchSettings, name: str, workers: int) -> list[str]:
+    return [
+        f"model={s.model}",
+        "data.path=synthetic",
+        f"data.dir={s.data_dir}",
+        f"data.synthetic.images={s.images}",
+        f"data.synthetic.imgsz={s.imgsz}",
+        "data.synthetic.classes=3",
+        f"train.imgsz={s.imgsz}",
+        f"train.epochs={s.epochs}",
+        f"train.batch={s.batch_per_gpu * workers}",
+        "train.accumulate=1",
+        f"train.workers={s.workers}",
+        f"train.cache={s.cache}",
+        f"train.amp={str(s.amp).lower()}",
+        "train.val=false",
+        "train.plots=false",
+        "train.close_mosaic=0",
+        "tracking.enabled=false",
+        f"scaling.num_workers={workers}",
+        f"run.storage_path={s.out_dir}",
+        f"run.name={name}",
+    ]
+
+
+def run_variant(s: BenchSettings, name: str, args: list[str], workers: int, env: dict[str, str]) -> dict[str, Any]:
+    run_dir = Path(s.out_dir).resolve() / name
+    started = time.time()
+    with Sampler() as sampler:
+        proc = subprocess.run(
+            [sys.executable, "-m", "yolo_ray", "train", *args], env=env, capture_output=True, text=True
+        )
+    wall = time.time() - started
+    (Path(s.out_dir) / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        return {"name": name, "error": (proc.stdout + proc.stderr)[-2000:], "gpus": workers}
+    rows = _results_csv(run_dir)
+    ips, epoch_s = steady_images_per_s(rows, s.images)
+    last = rows[-1]
+    return {
+        "name": name,
+        "gpus": workers,
+        "images_per_s": round(ips, 1),
+        "epoch_s": round(epoch_s, 2),
+        "wall_s": round(wall, 1),
+        "mAP50-95": last.get("metrics/mAP50-95(B)"),
+        "mAP50": last.get("metrics/mAP50(B)"),
+        **sampler.summary(),
+    }
+
+
+def step_ceiling(s: BenchSettings, device: str) -> dict[str, Any]:
+    """images/s of the model's own training step on random data: the GPU limit with no loader."""
+    import torch
+
+    from yolo_ray import ultralytics_env
+
+    ultralytics_env.setup()
+    from ultralytics.nn.tasks import DetectionModel
+    from ultralytics.utils import DEFAULT_CFG
+
+    dev = torch.device(device)
+    model = DetectionModel(s.model, nc=3, verbose=False).to(dev)
+    model.args = DEFAULT_CFG
+    channels_last = dev.type == "cuda"
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda", enabled=s.amp and dev.type == "cuda")
+    b = s.batch_per_gpu
+    imgs = torch.rand(b, 3, s.imgsz, s.imgsz, device=dev)
+    if channels_last:
+        imgs = imgs.contiguous(memory_format=torch.channels_last)
+    n_box = 6  # targets: 6 boxes per image
+    batch = {
+        "img": imgs,
+        "batch_idx": torch.arange(b, device=dev).repeat_interleave(n_box).float(),
+        "cls": torch.randint(0, 3, (b * n_box, 1), device=dev).float(),
+        "bboxes": torch.rand(b * n_box, 4, device=dev) * 0.5 + 0.25,
+    }
+
+    def step() -> None:
+        with torch.autocast(dev.type, dtype=torch.float16, enabled=s.amp and dev.type == "cuda"):
+            loss, _ = model(batch)
+        scaler.scale(loss.sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(s.ceiling_steps):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    mem = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None
+    return {
+        "name": "gpu-step-ceiling" if dev.type == "cuda" else "cpu-step-ceiling",
+        "gpus": 1,
+        "images_per_s": round(b * s.ceiling_steps / dt, 1),
+        "peak_gpu_mem_gib": mem and round(mem, 2),
+        "batch": b,
+        "channels_last": channels_last,
+        "amp": s.amp and dev.type == "cuda",
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
+    import torch
+
+    from yolo_ray.data.synth import SynthSpec, ensure
+
+    gpus = 0 if cpu else (s.gpus or torch.cuda.device_count())
+    ensure(s.data_dir, SynthSpec(images=s.images, imgsz=s.imgsz, classes=3))
+    Path(s.out_dir).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), "YOLO_OFFLINE": "1"}
+    results = []
+    if cpu:
+        base = ["scaling.use_gpu=false"]
+        results.append(run_variant(s, "native-1cpu", ["--native", *_overrides(s, "native-1cpu", 1), *base], 1, env))
+        for n in (1, 2):
+            name = f"yolo_ray-{n}cpu"
+            results.append(run_variant(s, name, [*_overrides(s, name, n), *base], n, env))
+        results.append(step_ceiling(s, "cpu"))
+    else:
+        results.append(
+            run_variant(s, "native-1gpu", ["--native", "--device", "0", *_overrides(s, "native-1gpu", 1)], 1, env)
+        )
+        if gpus > 1:
+            devices = ",".join(str(i) for i in range(gpus))
+            name = f"native-ddp-{gpus}gpu"
+            results.append(
+                run_variant(s, name, ["--native", "--device", devices, *_overrides(s, name, gpus)], gpus, env)
+            )
+        for n in sorted({1, gpus}):
+            name = f"yolo_ray-{n}gpu"
+            results.append(run_variant(s, name, [*_overrides(s, name, n), "scaling.use_gpu=true"], n, env))
+        results.append(step_ceiling(s, "cuda:0"))
+    report = {
+        "machine": platform.node(),
+        "kind": os.environ.get("YOLO_RAY_BENCH_KIND", "local"),
+        "gpus": gpus,
+        "gpu_name": torch.cuda.get_device_name(0) if gpus else None,
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": _git_commit(),
+        "settings": asdict(s),
+        "results": results,
+    }
+    _derive(report)
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(report, indent=2))
+    print_table(report)
+    print(f"\nwritten: {out_json}")
+    return report
+
+
+def _derive(report: dict[str, Any]) -> None:
+    """Ratios: scaling efficiency vs the same tool on one device, yolo_ray vs native at equal devices, vs ceiling."""
+    rows = {r["name"]: r for r in report["results"] if "images_per_s" in r}
+    ceiling = next((r["images_per_s"] for r in rows.values() if r["name"].endswith("step-ceiling")), None)
+    unit = "cpu" if report["gpus"] == 0 else "gpu"
+    for r in rows.values():
+        if r["name"].endswith("step-ceiling"):
+            continue
+        tool, n = r["name"].rsplit("-", 1)[0], r["gpus"]
+        single = rows.get(f"{'native' if tool.startswith('native') else 'yolo_ray'}-1{unit}")
+        if single and n > 1:
+            r["speedup_vs_1"] = round(r["images_per_s"] / single["images_per_s"], 3)
+            r["scaling_efficiency"] = round(r["speedup_vs_1"] / n, 3)
+        if tool == "yolo_ray":
+            native = rows.get(f"native-1{unit}" if n == 1 else f"native-ddp-{n}{unit}")
+            if native:
+                r["ratio_vs_native"] = round(r["images_per_s"] / native["images_per_s"], 3)
+        if ceiling:
+            r["fraction_of_ceiling_per_device"] = round(r["images_per_s"] / n / ceiling, 3)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    cols = [
+        "name",
+        "gpus",
+        "images_per_s",
+        "epoch_s",
+        "speedup_vs_1",
+        "scaling_efficiency",
+        "ratio_vs_native",
+        "fraction_of_ceiling_per_device",
+        "peak_gpu_mem_gib",
+        "cpu_util_pct",
+        "gpu_util_pct",
+        "mAP50-95",
+    ]
+    print(
+        f"\n{report['gpus']} x {report['gpu_name'] or 'CPU'}, {report['cpus']} CPUs, {report['settings']['model']} "
+        f"@ {report['settings']['imgsz']} px, {report['settings']['batch_per_gpu']} images per device"
+    )
+    print(" | ".join(c[:14].ljust(14) for c in cols))
+    for r in report["results"]:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            cells.append((f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v)))[:14].ljust(14))
+        print(" | ".join(cells) + (f"  ERROR: {r['error'][-300:]}" if "error" in r else ""))
