@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -140,6 +141,7 @@ def _overrides(s: BenchSettings, name: str, workers: int) -> list[str]:
 
 def run_variant(s: BenchSettings, name: str, args: list[str], workers: int, env: dict[str, str]) -> dict[str, Any]:
     run_dir = Path(s.out_dir).resolve() / name
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never a resumed or "already finished" one
     started = time.time()
     with Sampler() as sampler:
         proc = subprocess.run(

@@ -203,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train the same experiment with plain Ultralytics in this process (baseline, no Ray)",
     )
+    t.add_argument("--device", default="cpu", help="with --native: Ultralytics' device, e.g. 0, or 0,1 for its own DDP")
     t.set_defaults(func=cmd_train)
 
     u = sub.add_parser(
