@@ -273,7 +273,7 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "gpu_name": torch.cuda.get_device_name(0) if gpus else None,
         "cpus": os.cpu_count(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": _git_commit(),
+        "commit": os.environ.get("YOLO_RAY_COMMIT") or _git_commit(),  # the GPU machine gets no .git
         "settings": asdict(s),
         "results": results,
     }
