@@ -115,3 +115,13 @@ def test_cli_more_workers_than_the_cluster_can_give(shapes_small: Path, tmp_path
     )
     _assert_clean_error(proc, "scaling.num_workers", "64 workers", "can never be placed")
     assert not (tmp_path / "smoke" / "ranks").exists()  # no worker ever started
+
+
+def test_accumulate_maps_to_ultralytics_nbs(tmp_path: Path) -> None:
+    from yolo_ray.launcher import ultralytics_overrides
+
+    cfg = config.load(None, ["train.batch=16", "train.accumulate=3", "train.weight_decay=0.0005"])
+    o = ultralytics_overrides(cfg, "yolo11n.yaml", tmp_path / "data.yaml", tmp_path / "train")
+    # Ultralytics: accumulate = round(nbs / batch) = 3; weight decay * batch * accumulate / nbs = unchanged.
+    assert (o["batch"], o["nbs"], o["weight_decay"]) == (16, 48, 0.0005)
+    assert "nbs" not in ultralytics_overrides(config.load(None, ["train.accumulate=null"]), "m", tmp_path, tmp_path)

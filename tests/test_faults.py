@@ -60,10 +60,13 @@ def test_worker_failure_resumes_from_epoch_checkpoint(shapes_small: Path, tmp_pa
             "run.max_failures=1",
             "run.fail_at_epoch=2",
             "run.fail_rank=1",
+            "train.accumulate=2",  # explicit accumulation survives the restart too
         ),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
+    ranks = [json.loads(p.read_text()) for p in sorted((tmp_path / "crash" / "ranks").glob("rank*.json"))]
+    assert [(r["per_worker_batch"], r["accumulate"]) for r in ranks] == [(8, 2), (8, 2)]
     assert "InjectedFault" in proc.stdout
     assert "resuming from the epoch-2 checkpoint" in proc.stdout
     history = _check_resumed(tmp_path / "crash", resumed_from=2)
