@@ -66,7 +66,7 @@ def test_ray_job_submit_trains_on_both_nodes(
     assert sorted(r["node_rank"] for r in ranks) == [0, 1]
     summary = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["nodes"] == 2
-    client = MlflowClient(mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
     runs = [
         r
         for e in client.search_experiments()

@@ -40,7 +40,7 @@ def _sweep_args(shapes_small: Path, storage: Path, name: str, *extra: str) -> li
         "tune.num_samples=6",
         "tune.grace_period=1",
         "tune.reduction_factor=3",
-        "tune.search=random",
+        "tune.search=optuna",
         "tune.space={train.batch: {choice: [8, 16]}, train.lr0: {loguniform: [0.00001, 0.05]},"
         " train.accumulate: {choice: [1, 2]}}",
         f"run.storage_path={storage}",
@@ -93,7 +93,7 @@ def test_best_config_trains_again(finished_sweep: Path, tmp_path: Path) -> None:
 
 
 def test_mlflow_parent_with_one_child_per_trial(finished_sweep: Path, mlflow_server: MlflowServer) -> None:
-    client = MlflowClient(mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
     exp = client.get_experiment_by_name("yolo_ray")
     parent = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == "asha"]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
@@ -137,7 +137,13 @@ def test_lr_follows_effective_batch() -> None:
 
 def test_killed_sweep_resumes_each_trial_once(shapes_small: Path, tmp_path: Path) -> None:
     args = _sweep_args(
-        shapes_small, tmp_path, "resumable", "tune.scheduler=none", "tune.num_samples=4", "tracking.enabled=false"
+        shapes_small,
+        tmp_path,
+        "resumable",
+        "tune.scheduler=none",
+        "tune.num_samples=4",
+        "tune.search=random",
+        "tracking.enabled=false",
     )
     with open(tmp_path / "first.log", "w") as log:
         driver = subprocess.Popen(

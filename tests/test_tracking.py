@@ -33,7 +33,7 @@ def _steps(client: MlflowClient, run_id: str, metric: str) -> list[int]:
 
 
 def test_one_run_with_params_metrics_and_artifacts(ddp_run: Path, mlflow_server: MlflowServer) -> None:
-    client = MlflowClient(mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
     run = _run(client, "learn")
     assert run.info.status == "FINISHED"
     p = run.data.params
@@ -77,7 +77,7 @@ def test_onnx_export_matches_pytorch(ddp_run: Path) -> None:
 def test_registered_model_loads_and_predicts(ddp_run: Path, shapes: Path, mlflow_server: MlflowServer) -> None:
     mlflow.set_tracking_uri(mlflow_server.uri)
     mlflow.set_registry_uri(mlflow_server.uri)
-    client = MlflowClient(mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
     version = client.get_model_version_by_alias(MODEL_NAME, "candidate")
     assert version.run_id == _run(client, "learn").info.run_id
     assert float(version.tags["mAP50"]) >= 0.5 and "synthetic" in version.tags["data"]
@@ -109,7 +109,7 @@ def _iou(a: tuple, b: tuple) -> float:
 
 
 def test_rest_api_the_ui_uses_lists_the_run(ddp_run: Path, mlflow_server: MlflowServer) -> None:
-    exp = MlflowClient(mlflow_server.uri).get_experiment_by_name("yolo_ray")
+    exp = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri).get_experiment_by_name("yolo_ray")
     body = json.dumps({"experiment_ids": [exp.experiment_id], "max_results": 50}).encode()
     req = urllib.request.Request(
         f"{mlflow_server.uri}/ajax-api/2.0/mlflow/runs/search", data=body, headers={"Content-Type": "application/json"}
@@ -173,7 +173,7 @@ def test_outage_and_worker_restart_lose_nothing(shapes_small: Path, tmp_path: Pa
         server.stop()
     server.start()
     try:
-        client = MlflowClient(server.uri)
+        client = MlflowClient(server.uri, registry_uri=server.uri)
         run = _run(client, "outage")
         assert run.info.status == "FINISHED"
         for metric in ("mAP50", "train/box_loss", "epoch"):
@@ -221,7 +221,7 @@ def weak_version(shapes_small: Path, mlflow_server: MlflowServer, tmp_path_facto
     assert failed.returncode == 1
     resumed = yolo_ray("train", *args, cwd=storage)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
-    client = MlflowClient(mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
     run = _run(client, "weak")  # the failed attempt and the re-run share one MLflow run
     assert run.info.status == "FINISHED"
     assert _steps(client, run.info.run_id, "epoch") == [1, 2, 3]
@@ -231,7 +231,7 @@ def weak_version(shapes_small: Path, mlflow_server: MlflowServer, tmp_path_facto
 def test_promote_keeps_the_better_champion(
     ddp_run: Path, weak_version: str, mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
-    client = MlflowClient(mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
     learn_run = _run(client, "learn").info.run_id
     first = next(v.version for v in client.search_model_versions(f"name='{MODEL_NAME}'") if v.run_id == learn_run)
     assert first != weak_version

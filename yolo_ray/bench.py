@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from yolo_ray import gitinfo
+
 
 @dataclass
 class BenchSettings:
@@ -228,13 +230,6 @@ def step_ceiling(s: BenchSettings, device: str) -> dict[str, Any]:
     }
 
 
-def _git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
     import torch
 
@@ -273,7 +268,8 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "gpu_name": torch.cuda.get_device_name(0) if gpus else None,
         "cpus": os.cpu_count(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": os.environ.get("YOLO_RAY_COMMIT") or _git_commit(),  # the GPU machine gets no .git
+        "commit": os.environ.get("YOLO_RAY_COMMIT")
+        or gitinfo.commit(Path(__file__).parent),  # the GPU machine gets no .git
         "settings": asdict(s),
         "results": results,
     }

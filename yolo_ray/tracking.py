@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 import time
 import urllib.request
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from yolo_ray import gitinfo
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.summary import read_history
 
@@ -86,18 +86,6 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _git_commit() -> str | None:
-    try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _versions() -> dict[str, str]:
     import mlflow
     import ray
@@ -142,7 +130,7 @@ def ensure_experiment(client: Any, cfg: ExperimentConfig, uri: str) -> str:
 def run_tags(cfg: ExperimentConfig) -> dict[str, str]:
     """Versions, git commit and config source: the tags every yolo_ray run carries."""
     tags = {f"version.{k}": v for k, v in _versions().items()}
-    commit = _git_commit()
+    commit = gitinfo.commit()  # the working directory: the user's project
     if commit:
         tags["mlflow.source.git.commit"] = commit
     tags["config"] = cfg.source
