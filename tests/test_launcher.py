@@ -42,10 +42,12 @@ def test_it_learns(ddp_run: Path) -> None:
     assert summary["throughput_images_per_s"] > 0
 
 
-# Tolerance: both runs see the same data, epochs, global batch, accumulation and LR schedule, but not the same
-# random stream (per-rank seeds, sharded augmentation order) or BN statistics (per rank, as in upstream DDP). On
-# 76 val images, repeated single-process runs with different seeds spread by about +-0.05 mAP50-95, so the two
-# are called comparable within 0.12 absolute.
+# Tolerance: both runs see the same data, epochs, global batch (16), accumulation and LR schedule. They differ in
+# what DDP on CPU cannot share: BatchNorm statistics come from each rank's 8 images instead of 16 (sync-BN is
+# NCCL-only) and the random streams (per-rank seeds, sharded augmentation order) differ. Measured on this 2-core
+# machine: native 0.773 vs yolo_ray 0.701 mAP50-95 (76 val images). On one H200, 1 worker vs native, the two
+# agree to four decimals (benchmarks/results). 0.12 absolute flags a broken DDP run (which lands near 0) while
+# tolerating the per-rank BN effect.
 PARITY_TOLERANCE = 0.12
 
 
