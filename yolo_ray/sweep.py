@@ -252,6 +252,12 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
             follower.stop()
     out = report(cfg, base, grid, sweep_dir, follower)
     out["placement_groups_left"] = _placement_groups_left()
+    if out["placement_groups_left"]:
+        print(
+            f"[yolo_ray] warning: {out['placement_groups_left']} placement groups are still held after the sweep; "
+            "Ray Train frees them through the dashboard's state API: install ray[default] on the head node",
+            flush=True,
+        )
     (sweep_dir / "sweep.json").write_text(json.dumps(out, indent=2, default=str))
     return out
 
