@@ -6,35 +6,23 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import HEAD_IP, NODE_ENV, RAY, REPO, MlflowServer, yolo_ray
+from conftest import HEAD_IP, NODE_ENV, RAY, REPO, MlflowServer, small_run, yolo_ray
 from mlflow import MlflowClient
 
 JOBS = f"http://{HEAD_IP}:8265"
 
 
-def _shared_overrides(shapes_small: Path, storage: Path, name: str) -> list[str]:
+def _on_both_nodes(shapes_small: Path, storage: Path, name: str, *extra: str) -> list[str]:
     # Both "nodes" see this machine's filesystem, which stands in for the shared volume of a real cluster.
-    return [
-        f"data.dir={shapes_small}",
-        "data.synthetic.images=96",
-        "data.synthetic.imgsz=64",
-        "data.synthetic.seed=1",
-        "train.imgsz=64",
-        "train.batch=16",
-        "train.epochs=2",
-        "train.plots=false",
-        "train.close_mosaic=0",
-        "scaling.placement_strategy=STRICT_SPREAD",
-        f"run.storage_path={storage}",
-        f"run.name={name}",
-    ]
+    return small_run(shapes_small, storage, name, "train.epochs=2", "scaling.placement_strategy=STRICT_SPREAD", *extra)
 
 
 def test_ray_job_submit_trains_on_both_nodes(
     two_node_cluster: str, shapes_small: Path, mlflow_server: MlflowServer, tmp_path: Path
 ) -> None:
     overrides = [
-        *_shared_overrides(shapes_small, tmp_path, "job"),
+        *_on_both_nodes(shapes_small, tmp_path, "job"),
+        "tracking.enabled=true",
         f"tracking.uri={mlflow_server.uri}",
         "tracking.register=false",
     ]
@@ -79,8 +67,7 @@ def test_ray_job_submit_trains_on_both_nodes(
 
 def test_bad_config_job_fails_with_the_clear_error(two_node_cluster: str, shapes_small: Path, tmp_path: Path) -> None:
     overrides = [
-        *_shared_overrides(shapes_small, tmp_path, "bad"),
-        "tracking.enabled=false",
+        *_on_both_nodes(shapes_small, tmp_path, "bad"),
         "scaling.num_workers=3",
         "train.batch=18",
     ]  # 3 workers STRICT_SPREAD on 2 nodes: never placeable
