@@ -46,6 +46,22 @@ def yolo_ray(*args: str, cwd: Path, timeout: float = 1200, env: dict | None = No
     return proc
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a driver and every process it started (its local Ray: raylet, workers), as when its machine dies.
+
+    Killing only the driver's process group is not that: Ray's workers sit in their own groups and train on for a
+    few seconds until the raylet notices."""
+    import psutil
+
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

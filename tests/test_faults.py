@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ENV, read_jsonl, small_run, yolo_ray
+from conftest import ENV, kill_tree, read_jsonl, small_run, yolo_ray
 
 from yolo_ray.faults import FaultPlan, InjectedFault
 
@@ -100,7 +98,7 @@ def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> N
                 break
             time.sleep(0.5)
         assert driver.poll() is None, "the driver ended before it could be killed"
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started die together
+        kill_tree(driver.pid)  # the driver and the local Ray it started die together
         driver.wait()
     killed_at = max(h["epoch"] for h in read_jsonl(history))
     resumed = yolo_ray("train", *args, cwd=tmp_path)

@@ -4,8 +4,6 @@ a best config that trains again, no leaked placement groups, and a killed sweep 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ENV, REPO, MlflowServer, yolo_ray
+from conftest import ENV, REPO, MlflowServer, kill_tree, yolo_ray
 from mlflow import MlflowClient
 
 from yolo_ray import config, sweep
@@ -162,7 +160,7 @@ def test_killed_sweep_resumes_each_trial_once(shapes_small: Path, tmp_path: Path
                 break
             time.sleep(0.5)
         assert driver.poll() is None, "the sweep ended before it could be killed"
-        os.killpg(driver.pid, signal.SIGKILL)
+        kill_tree(driver.pid)
         driver.wait()
     proc = yolo_ray("tune", *args, "tune.resume=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:]
