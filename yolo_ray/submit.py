@@ -10,7 +10,6 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from yolo_ray.config import ConfigError, ExperimentConfig
 
@@ -94,10 +93,3 @@ def submit(
         status = client.get_job_status(job_id)
     print(f"[yolo_ray] job {job_id}: {status.value}", flush=True)
     return 0 if status == JobStatus.SUCCEEDED else 1
-
-
-def job_info(address: str, job_id: str) -> dict[str, Any]:
-    from ray.job_submission import JobSubmissionClient
-
-    info = JobSubmissionClient(address).get_job_info(job_id)
-    return {"status": info.status.value, "entrypoint": info.entrypoint, "message": info.message}
