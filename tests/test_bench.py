@@ -29,8 +29,15 @@ def test_cpu_bench_runs_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:]
     report = json.loads(out.read_text())
     rows = {r["name"]: r for r in report["results"]}
-    assert set(rows) == {"native-1cpu", "yolo_ray-1cpu", "yolo_ray-2cpu", "cpu-step-ceiling"}
+    assert set(rows) == {
+        "native-1cpu",
+        "yolo_ray-1cpu",
+        "yolo_ray-2cpu",
+        "yolo_ray-device-2cpu",
+        "cpu-step-ceiling-b8",
+    }
     assert all("error" not in r and r["images_per_s"] > 0 for r in rows.values()), rows
     assert rows["yolo_ray-1cpu"]["ratio_vs_native"] > 0 and rows["yolo_ray-2cpu"]["scaling_efficiency"] > 0
+    assert rows["yolo_ray-device-2cpu"]["fraction_of_ceiling_per_device"] > 0
     assert report["commit"] and report["settings"]["imgsz"] == 64
     assert "images_per_s" in proc.stdout and "yolo_ray-2cpu" in proc.stdout  # the printed table

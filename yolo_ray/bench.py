@@ -37,6 +37,9 @@ class BenchSettings:
     data_dir: str = "datasets/bench"
     out_dir: str = "benchmarks/runs"
     ceiling_steps: int = 30
+    throughput_batch_per_gpu: int = 256  # throughput mode's images per device (0: skip it)
+    only: str = ""  # comma-separated variant names to run (default: all)
+    tta_epochs: int = 0  # > 0: also measure time-to-accuracy (native's final mAP50-95 after this many epochs)
 
     @classmethod
     def cpu(cls) -> BenchSettings:
@@ -49,6 +52,7 @@ class BenchSettings:
             workers=0,
             amp=False,
             ceiling_steps=3,
+            throughput_batch_per_gpu=0,
             data_dir="datasets/bench-cpu",
             out_dir="benchmarks/runs-cpu",
         )
@@ -116,7 +120,9 @@ def steady_images_per_s(rows: list[dict[str, float]], images: int) -> tuple[floa
     return images / epoch_s, epoch_s
 
 
-def _overrides(s: BenchSettings, name: str, workers: int) -> list[str]:
+def _overrides(
+    s: BenchSettings, name: str, workers: int, batch_per_gpu: int = 0, val_every_epoch: bool = False
+) -> list[str]:
     return [
         f"model={s.model}",
         "data.path=synthetic",
@@ -126,12 +132,12 @@ def _overrides(s: BenchSettings, name: str, workers: int) -> list[str]:
         "data.synthetic.classes=3",
         f"train.imgsz={s.imgsz}",
         f"train.epochs={s.epochs}",
-        f"train.batch={s.batch_per_gpu * workers}",
+        f"train.batch={(batch_per_gpu or s.batch_per_gpu) * workers}",
         "train.accumulate=1",
         f"train.workers={s.workers}",
         f"train.cache={s.cache}",
         f"train.amp={str(s.amp).lower()}",
-        "train.val=false",
+        f"train.val={str(val_every_epoch).lower()}",
         "train.plots=false",
         "train.close_mosaic=0",
         "tracking.enabled=false",
@@ -141,7 +147,19 @@ def _overrides(s: BenchSettings, name: str, workers: int) -> list[str]:
     ]
 
 
-def run_variant(s: BenchSettings, name: str, args: list[str], workers: int, env: dict[str, str]) -> dict[str, Any]:
+# yolo_ray's fast path: batches decoded and augmented on the device, channels_last model and inputs.
+DEVICE_PATH = ["data.loader=device", "train.channels_last=true"]
+
+
+def throughput_lr0(global_batch: int, lr0: float = 0.01, reference: int = 64) -> float:
+    """Throughput mode's learning-rate rule: lr0 grows with the square root of the global batch over Ultralytics'
+    nominal 64 (accumulate stays 1, so each large batch is one optimizer step; warmup keeps its epochs)."""
+    return round(lr0 * (global_batch / reference) ** 0.5, 5)
+
+
+def run_variant(
+    s: BenchSettings, name: str, args: list[str], workers: int, env: dict[str, str], batch_per_gpu: int = 0
+) -> dict[str, Any]:
     run_dir = Path(s.out_dir).resolve() / name
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never a resumed or "already finished" one
     started = time.time()
@@ -159,6 +177,7 @@ def run_variant(s: BenchSettings, name: str, args: list[str], workers: int, env:
     return {
         "name": name,
         "gpus": workers,
+        "batch_per_gpu": batch_per_gpu or s.batch_per_gpu,
         "images_per_s": round(ips, 1),
         "epoch_s": round(epoch_s, 2),
         "wall_s": round(wall, 1),
@@ -168,7 +187,7 @@ def run_variant(s: BenchSettings, name: str, args: list[str], workers: int, env:
     }
 
 
-def step_ceiling(s: BenchSettings, device: str) -> dict[str, Any]:
+def step_ceiling(s: BenchSettings, device: str, batch: int) -> dict[str, Any]:
     """images/s of the model's own training step on random data: the GPU limit with no loader."""
     import torch
 
@@ -187,7 +206,7 @@ def step_ceiling(s: BenchSettings, device: str) -> dict[str, Any]:
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
     scaler = torch.amp.GradScaler("cuda", enabled=s.amp and dev.type == "cuda")
-    b = s.batch_per_gpu
+    b = batch
     imgs = torch.rand(b, 3, s.imgsz, s.imgsz, device=dev)
     if channels_last:
         imgs = imgs.contiguous(memory_format=torch.channels_last)
@@ -220,14 +239,35 @@ def step_ceiling(s: BenchSettings, device: str) -> dict[str, Any]:
     dt = time.perf_counter() - t0
     mem = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None
     return {
-        "name": "gpu-step-ceiling" if dev.type == "cuda" else "cpu-step-ceiling",
+        "name": f"{dev.type}-step-ceiling-b{b}",
         "gpus": 1,
         "images_per_s": round(b * s.ceiling_steps / dt, 1),
         "peak_gpu_mem_gib": mem and round(mem, 2),
-        "batch": b,
+        "batch_per_gpu": b,
         "channels_last": channels_last,
         "amp": s.amp and dev.type == "cuda",
     }
+
+
+def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], int, int]]:
+    """(name, CLI args, devices, images per device) of every variant: native, yolo_ray with Ultralytics' loader,
+    yolo_ray's device path at native settings and in throughput mode; on 1 device and on all of them."""
+    unit, n_all = ("cpu", 2) if cpu else ("gpu", gpus)
+    counts = sorted({1, n_all})
+    use = ["scaling.use_gpu=false"] if cpu else ["scaling.use_gpu=true"]
+    out = [(f"native-1{unit}", ["--native", "--device", "cpu" if cpu else "0"], 1, s.batch_per_gpu)]
+    if n_all > 1 and not cpu:
+        out.append((f"native-ddp-{n_all}{unit}", ["--native", "--device", ",".join(map(str, range(n_all)))], n_all, 0))
+    for n in counts:
+        out.append((f"yolo_ray-{n}{unit}", use, n, s.batch_per_gpu))
+    for n in [n_all] if cpu else counts:  # CI: the device path once, on 2 CPU workers
+        out.append((f"yolo_ray-device-{n}{unit}", [*use, *DEVICE_PATH], n, s.batch_per_gpu))
+    if s.throughput_batch_per_gpu:
+        tb = s.throughput_batch_per_gpu
+        for n in counts:
+            out.append((f"yolo_ray-device-b{tb}-{n}{unit}", [*use, *DEVICE_PATH], n, tb))
+    only = {x for x in s.only.split(",") if x}
+    return [(name, args, n, b or s.batch_per_gpu) for name, args, n, b in out if not only or name in only]
 
 
 def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
@@ -239,28 +279,7 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
     ensure(s.data_dir, SynthSpec(images=s.images, imgsz=s.imgsz, classes=3))
     Path(s.out_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), "YOLO_OFFLINE": "1"}
-    results = []
-    if cpu:
-        base = ["scaling.use_gpu=false"]
-        results.append(run_variant(s, "native-1cpu", ["--native", *_overrides(s, "native-1cpu", 1), *base], 1, env))
-        for n in (1, 2):
-            name = f"yolo_ray-{n}cpu"
-            results.append(run_variant(s, name, [*_overrides(s, name, n), *base], n, env))
-        results.append(step_ceiling(s, "cpu"))
-    else:
-        results.append(
-            run_variant(s, "native-1gpu", ["--native", "--device", "0", *_overrides(s, "native-1gpu", 1)], 1, env)
-        )
-        if gpus > 1:
-            devices = ",".join(str(i) for i in range(gpus))
-            name = f"native-ddp-{gpus}gpu"
-            results.append(
-                run_variant(s, name, ["--native", "--device", devices, *_overrides(s, name, gpus)], gpus, env)
-            )
-        for n in sorted({1, gpus}):
-            name = f"yolo_ray-{n}gpu"
-            results.append(run_variant(s, name, [*_overrides(s, name, n), "scaling.use_gpu=true"], n, env))
-        results.append(step_ceiling(s, "cuda:0"))
+    results: list[dict[str, Any]] = []
     report = {
         "machine": platform.node(),
         "kind": os.environ.get("YOLO_RAY_BENCH_KIND", "local"),
@@ -273,8 +292,15 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "settings": asdict(s),
         "results": results,
     }
-    _derive(report)
     out_json.parent.mkdir(parents=True, exist_ok=True)
+    for name, args, n, batch in plan(s, gpus, cpu):
+        results.append(run_variant(s, name, [*args, *_overrides(s, name, n, batch)], n, env, batch))
+        out_json.write_text(json.dumps(report, indent=2))  # partial results survive a run cut short
+    for batch in sorted({s.batch_per_gpu, s.throughput_batch_per_gpu} - {0}):
+        results.append(step_ceiling(s, "cpu" if cpu else "cuda:0", batch))
+    _derive(report)
+    if s.tta_epochs:
+        report["time_to_accuracy"] = time_to_accuracy(s, max(gpus, 1), cpu, env)
     out_json.write_text(json.dumps(report, indent=2))
     print_table(report)
     print(f"\nwritten: {out_json}")
@@ -282,30 +308,75 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
 
 
 def _derive(report: dict[str, Any]) -> None:
-    """Ratios: scaling efficiency vs the same tool on one device, yolo_ray vs native at equal devices, vs ceiling."""
+    """Ratios: scaling vs the same variant on one device, yolo_ray vs native at equal devices, vs the step ceiling
+    at the same images per device."""
     rows = {r["name"]: r for r in report["results"] if "images_per_s" in r}
-    ceiling = next((r["images_per_s"] for r in rows.values() if r["name"].endswith("step-ceiling")), None)
+    ceilings = {r["batch_per_gpu"]: r["images_per_s"] for r in rows.values() if "step-ceiling" in r["name"]}
     unit = "cpu" if report["gpus"] == 0 else "gpu"
     for r in rows.values():
-        if r["name"].endswith("step-ceiling"):
+        if "step-ceiling" in r["name"]:
             continue
         tool, n = r["name"].rsplit("-", 1)[0], r["gpus"]
-        single = rows.get(f"{'native' if tool.startswith('native') else 'yolo_ray'}-1{unit}")
+        single = rows.get("native-1" + unit if tool.startswith("native") else f"{tool}-1{unit}")
         if single and n > 1:
             r["speedup_vs_1"] = round(r["images_per_s"] / single["images_per_s"], 3)
             r["scaling_efficiency"] = round(r["speedup_vs_1"] / n, 3)
-        if tool == "yolo_ray":
+        if tool.startswith("yolo_ray"):
             native = rows.get(f"native-1{unit}" if n == 1 else f"native-ddp-{n}{unit}")
             if native:
                 r["ratio_vs_native"] = round(r["images_per_s"] / native["images_per_s"], 3)
+        ceiling = ceilings.get(r.get("batch_per_gpu"))
         if ceiling:
             r["fraction_of_ceiling_per_device"] = round(r["images_per_s"] / n / ceiling, 3)
+
+
+def time_to_accuracy(s: BenchSettings, gpus: int, cpu: bool, env: dict[str, str]) -> dict[str, Any]:
+    """Native Ultralytics (1 device, batch_per_gpu, tta_epochs) sets the target: its final mAP50-95. yolo_ray's
+    throughput mode (all devices, throughput_batch_per_gpu, sqrt LR rule, up to 2 x tta_epochs) must reach it:
+    training seconds to the first epoch at or above the target (results.csv time: training plus validation)."""
+    unit = "cpu" if cpu else "gpu"
+    tta = BenchSettings(**{**asdict(s), "epochs": s.tta_epochs})
+    native_name = f"tta-native-1{unit}"
+    native_args = ["--native", "--device", "cpu" if cpu else "0", *_overrides(tta, native_name, 1, 0, True)]
+    native = run_variant(tta, native_name, native_args, 1, env)
+    tb = s.throughput_batch_per_gpu or s.batch_per_gpu
+    ours_settings = BenchSettings(**{**asdict(s), "epochs": 2 * s.tta_epochs})
+    name = f"tta-yolo_ray-device-b{tb}-{gpus}{unit}"
+    args = [
+        *_overrides(ours_settings, name, gpus, tb, True),
+        *DEVICE_PATH,
+        f"train.lr0={throughput_lr0(tb * gpus)}",
+        f"scaling.use_gpu={str(not cpu).lower()}",
+    ]
+    ours = run_variant(ours_settings, name, args, gpus, env, tb)
+    if "error" in native or "error" in ours:
+        return {"native": native, "yolo_ray": ours}
+    target = native["mAP50-95"]
+    native_rows = _results_csv(Path(s.out_dir).resolve() / native_name)
+    our_rows = _results_csv(Path(s.out_dir).resolve() / name)
+    reached = next((r for r in our_rows if r["metrics/mAP50-95(B)"] >= target), None)
+    result = {
+        "target_mAP50-95": target,
+        "native_epochs": s.tta_epochs,
+        "native_train_s": native_rows[-1]["time"],
+        "native_wall_s": native["wall_s"],
+        "yolo_ray_lr0": throughput_lr0(tb * gpus),
+        "yolo_ray_global_batch": tb * gpus,
+        "yolo_ray_best_mAP50-95": max(r["metrics/mAP50-95(B)"] for r in our_rows),
+        "yolo_ray_epoch_reached": int(reached["epoch"]) if reached else None,
+        "yolo_ray_train_s_to_target": reached["time"] if reached else None,
+        "yolo_ray_startup_s": round(ours["wall_s"] - our_rows[-1]["time"], 1),
+    }
+    if reached:
+        result["speedup_train_time"] = round(result["native_train_s"] / reached["time"], 2)
+    return result
 
 
 def print_table(report: dict[str, Any]) -> None:
     cols = [
         "name",
         "gpus",
+        "batch_per_gpu",
         "images_per_s",
         "epoch_s",
         "speedup_vs_1",
@@ -328,3 +399,5 @@ def print_table(report: dict[str, Any]) -> None:
             v = r.get(c)
             cells.append((f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v)))[:14].ljust(14))
         print(" | ".join(cells) + (f"  ERROR: {r['error'][-300:]}" if "error" in r else ""))
+    if "time_to_accuracy" in report:
+        print("\ntime to accuracy: " + json.dumps(report["time_to_accuracy"]))

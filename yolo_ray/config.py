@@ -43,6 +43,9 @@ class DataConfig:
     path: str = "synthetic"  # a data.yaml, or `synthetic` to generate one into `dir`
     dir: str = "datasets/shapes"
     synthetic: SyntheticData = field(default_factory=SyntheticData)
+    # ultralytics: its DataLoader (CPU decode + augmentation in loader processes);
+    # device: images decoded once into device memory, whole batches augmented there (yolo_ray/data/device_loader.py)
+    loader: Literal["ultralytics", "device"] = "ultralytics"
 
 
 @dataclass
@@ -60,6 +63,7 @@ class TrainConfig:
     cos_lr: bool = False
     amp: bool = True
     sync_bn: bool = False
+    channels_last: bool = False  # NHWC model and inputs: faster convolutions under AMP on recent GPUs
     cache: bool | Literal["ram", "disk"] = False
     workers: int = 2  # data loader processes per Ray worker
     seed: int = 0
@@ -401,6 +405,7 @@ def check_static(cfg: ExperimentConfig) -> None:
             "SyncBatchNorm runs only on GPUs (NCCL); scaling.use_gpu is false.",
             "set train.sync_bn: false for CPU runs.",
         )
+    check_device_loader(cfg)
     known = ultralytics_train_keys()
     for key in t.extra:
         if key in MANAGED_KEYS:
@@ -427,6 +432,31 @@ def check_static(cfg: ExperimentConfig) -> None:
                 "needs imgsz >= 32, 1..8 classes and at least 2 images.",
                 "fix data.synthetic.images / imgsz / classes.",
             )
+
+
+# Ultralytics augmentations the device loader does not reproduce: refused rather than silently dropped.
+DEVICE_LOADER_UNSUPPORTED = ("perspective", "mixup", "cutmix", "copy_paste")
+
+
+def check_device_loader(cfg: ExperimentConfig) -> None:
+    if cfg.data.loader != "device":
+        return
+    for key in DEVICE_LOADER_UNSUPPORTED:
+        if cfg.train.extra.get(key, 0):
+            raise ConfigError(
+                cfg.source,
+                f"train.extra.{key}",
+                f"is {cfg.train.extra[key]}, but data.loader=device does not implement {key}.",
+                f"set train.extra.{key}: 0, or data.loader: ultralytics.",
+            )
+    if cfg.train.extra.get("rect") or cfg.train.extra.get("multi_scale", 0):
+        key = "rect" if cfg.train.extra.get("rect") else "multi_scale"
+        raise ConfigError(
+            cfg.source,
+            f"train.extra.{key}",
+            "changes image shapes per batch, which data.loader=device does not do.",
+            f"remove train.extra.{key}, or use data.loader: ultralytics.",
+        )
 
 
 def check_batch_divides(cfg: ExperimentConfig, num_workers: int) -> None:

@@ -138,6 +138,8 @@ def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: s
             "overrides": ultralytics_overrides(cfg, model, data_yaml, run_dir / "train"),
             "run_dir": str(run_dir),
             "sync_bn": cfg.train.sync_bn,
+            "loader": cfg.data.loader,
+            "channels_last": cfg.train.channels_last,
             "fault": {"epoch": cfg.run.fail_at_epoch, "rank": cfg.run.fail_rank},
             "export": cfg.tracking.enabled and cfg.tracking.register,
         },

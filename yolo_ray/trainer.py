@@ -8,7 +8,9 @@ gathered to rank 0, rank-0-only saving, the early-stop broadcast. What changes:
   subprocess is ever spawned;
 - the process group already exists (Ray made it): `_setup_ddp` only pins the device Ray gave this worker;
 - DDP on CPU gets no `device_ids` (Ultralytics passes `[None]`, which DDP rejects), and sync-BN converts the model
-  right before the wrap.
+  right before the wrap;
+- optionally the train loader is yolo_ray's DeviceLoader (decoded images on the device, batched augmentation there)
+  and the model and inputs use channels_last memory.
 
 Must be imported inside the worker, after Ray has set RANK / LOCAL_RANK / WORLD_SIZE.
 """
@@ -18,19 +20,34 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator
+from copy import copy
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from ultralytics.data import build_yolo_dataset
 from ultralytics.models.yolo.detect import DetectionTrainer
-from ultralytics.utils.torch_utils import get_torch_device_backend, unwrap_model
+from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distributed_zero_first, unwrap_model
 
 
 class RayDetectionTrainer(DetectionTrainer):
     """A DetectionTrainer whose processes, world size and device come from Ray Train."""
 
-    def __init__(self, overrides: dict, *, device: torch.device, world_size: int, sync_bn: bool = False):
+    def __init__(
+        self,
+        overrides: dict,
+        *,
+        device: torch.device,
+        world_size: int,
+        sync_bn: bool = False,
+        loader: str = "ultralytics",
+        channels_last: bool = False,
+    ):
         self.ray_device = device
         self.sync_bn = sync_bn
+        self.loader = loader
+        self.channels_last = channels_last
         self.in_final_eval = False
         self.shard_indices: list[int] = []
         super().__init__(overrides=overrides)
@@ -54,6 +71,40 @@ class RayDetectionTrainer(DetectionTrainer):
         if hasattr(sampler, "set_epoch"):  # record this rank's shard of epoch 0, for checks and debugging
             sampler.set_epoch(0)
             self.shard_indices = [int(i) for i in sampler]
+
+    def get_dataloader(self, dataset_path: str, batch_size: int = 16, rank: int = 0, mode: str = "train") -> Any:
+        if mode != "train" or self.loader != "device":
+            return super().get_dataloader(dataset_path, batch_size, rank, mode)
+        from yolo_ray.data import device_loader
+
+        args = copy(self.args)
+        args.cache = False  # the device cache replaces Ultralytics' RAM/disk cache
+        with torch_distributed_zero_first(rank):  # labels *.cache written once per node
+            gs = max(int(unwrap_model(self.model).stride.max()), 32)
+            dataset = build_yolo_dataset(args, dataset_path, batch_size, self.data, mode="train", stride=gs)
+        cache = device_loader.DeviceCache.build(dataset, self.args.imgsz, self.device, device_loader.decode_threads())
+        grank = dist.get_rank() if dist.is_initialized() else 0
+        hyp = device_loader.AugmentHyp.from_args(self.args)
+        return device_loader.DeviceLoader(
+            dataset, cache, batch_size, grank, max(self.world_size, 1), hyp, self.args.seed
+        )
+
+    def _close_dataloader_mosaic(self) -> None:
+        if hasattr(self.train_loader, "close_mosaic"):
+            self.train_loader.close_mosaic()
+        else:
+            super()._close_dataloader_mosaic()
+
+    def get_model(self, cfg: Any = None, weights: Any = None, verbose: bool = True) -> nn.Module:
+        model = super().get_model(cfg, weights, verbose)
+        # channels_last before the DDP wrap and EMA copy, so both inherit it (cuDNN's fast NHWC kernels under AMP)
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+    def preprocess_batch(self, batch: dict) -> dict:
+        batch = super().preprocess_batch(batch)
+        if self.channels_last:
+            batch["img"] = batch["img"].contiguous(memory_format=torch.channels_last)
+        return batch
 
     def final_eval(self) -> None:
         self.in_final_eval = True  # callbacks fired here are not a training epoch

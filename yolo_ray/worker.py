@@ -51,7 +51,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 print(f"[yolo_ray] resuming from the epoch-{resumed_from} checkpoint {ckpt_dir}", flush=True)
                 reconcile_history(run_dir, Path(ckpt_dir))
 
-        trainer = RayDetectionTrainer(overrides, device=device, world_size=world_size, sync_bn=config["sync_bn"])
+        trainer = RayDetectionTrainer(
+            overrides,
+            device=device,
+            world_size=world_size,
+            sync_bn=config["sync_bn"],
+            loader=config.get("loader", "ultralytics"),
+            channels_last=config.get("channels_last", False),
+        )
         reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
         reporter.attach()
         trainer.train()
