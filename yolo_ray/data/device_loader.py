@@ -146,7 +146,7 @@ def augment_batch(
     active = torch.cat([torch.ones_like(mosaic)[:, None], mosaic[:, None].expand(b, 3)], 1)  # [B, 4]
     origin, canvas = _mosaic_layout(cache.hw[tiles], mosaic, s, rand)
     m_pixels, m_boxes, scale = _affine(b, canvas, s, hyp, rand)
-    img = _warp(cache, tiles, active, origin, canvas, m_pixels, s)
+    img = _warp(cache, tiles, active, origin, canvas, m_pixels, s, hyp.mosaic > 0)
     img = _hsv(img, hyp, rand)
     targets = _boxes(cache, tiles, active, origin, canvas, m_boxes, scale, s)
     img = img.round_().clamp_(0, 255).to(torch.uint8)
@@ -216,6 +216,7 @@ def _warp(
     canvas: torch.Tensor,
     m: torch.Tensor,
     s: int,
+    mosaic_possible: bool,
 ) -> torch.Tensor:
     """Each output pixel maps back through M^-1 to the canvas, then into the one tile covering it (bilinear);
     pixels no tile covers are grey, as in cv2.warpAffine(borderValue=114) over Ultralytics' mosaic canvas."""
@@ -227,9 +228,7 @@ def _warp(
     on_canvas = ((src >= -0.5) & (src < canvas[:, None, :] - 0.5)).all(-1)
     out = torch.full((b, 3, s, s), PAD, device=dev)
     hw = cache.hw[tiles]  # [B, 4, 2] (h, w)
-    for q in range(4):
-        if not bool(active[:, q].any()):
-            continue
+    for q in range(4 if mosaic_possible else 1):  # decided on the host: no GPU sync
         local = src - origin[:, q, None, :]
         size = hw[:, q, None, :].flip(-1)  # (w, h)
         inside = on_canvas & active[:, q, None] & ((local >= -0.5) & (local < size - 0.5)).all(-1)
