@@ -120,6 +120,17 @@ def steady_images_per_s(rows: list[dict[str, float]], images: int) -> tuple[floa
     return images / epoch_s, epoch_s
 
 
+def loop_images_per_s(run_dir: Path) -> float | None:
+    """yolo_ray only: the batch loop's own images/s (history.jsonl, epochs 2..n), i.e. without the end-of-epoch
+    save, checkpoint report and validation that images_per_s includes."""
+    path = run_dir / "history.jsonl"
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    values = [r["images_per_s"] for r in rows[1:]] or [r["images_per_s"] for r in rows]
+    return round(statistics.median(values), 1) if values else None
+
+
 def _overrides(
     s: BenchSettings, name: str, workers: int, batch_per_gpu: int = 0, val_every_epoch: bool = False
 ) -> list[str]:
@@ -179,6 +190,7 @@ def run_variant(
         "gpus": workers,
         "batch_per_gpu": batch_per_gpu or s.batch_per_gpu,
         "images_per_s": round(ips, 1),
+        "loop_images_per_s": loop_images_per_s(run_dir),
         "epoch_s": round(epoch_s, 2),
         "wall_s": round(wall, 1),
         "mAP50-95": last.get("metrics/mAP50-95(B)"),
@@ -378,6 +390,7 @@ def print_table(report: dict[str, Any]) -> None:
         "gpus",
         "batch_per_gpu",
         "images_per_s",
+        "loop_images_per_s",
         "epoch_s",
         "speedup_vs_1",
         "scaling_efficiency",
