@@ -11,8 +11,11 @@ from yolo_ray.bench import steady_images_per_s
 
 
 def test_steady_state_drops_first_and_validating_epochs() -> None:
-    rows = [{"time": 10.0}, {"time": 14.0}, {"time": 18.0}, {"time": 30.0}]  # warm-up, 2 steady, last validates
+    # epoch 1, its one-off end (first save/report) inside gap 1, two steady gaps, the last epoch validates
+    rows = [{"time": 10.0}, {"time": 17.0}, {"time": 21.0}, {"time": 25.0}, {"time": 40.0}]
     assert steady_images_per_s(rows, 400) == (100.0, 4.0)
+    short = [{"time": 10.0}, {"time": 14.0}, {"time": 30.0}]  # 3 epochs: only the middle gap is left
+    assert steady_images_per_s(short, 400) == (100.0, 4.0)
 
 
 def test_cpu_bench_runs_end_to_end(tmp_path: Path) -> None:

@@ -48,6 +48,9 @@ def test_coco_recipe_is_the_4gpu_recipe() -> None:
         (["train.imgsz=100"], "train.imgsz", "multiple of 32"),
         (["train.extra.mosiac=0.5"], "train.extra.mosiac", "mosaic"),
         (["scaling.placement_strategy=EVERYWHERE"], "scaling.placement_strategy", "STRICT_SPREAD"),
+        (["data.loader=device", "train.extra.mixup=0.2"], "train.extra.mixup", "data.loader: ultralytics"),
+        (["data.loader=device", "train.extra.multi_scale=0.5"], "train.extra.multi_scale", "image shapes"),
+        (["data.loader=gpu"], "data.loader", "'device'"),
     ],
 )
 def test_static_errors_name_key_and_fix(overrides: list[str], key: str, words: str) -> None:

@@ -68,3 +68,29 @@ def test_parity_with_plain_ultralytics(ddp_run: Path, shapes: Path, tmp_path: Pa
     print(f"mAP50-95 native {native['mAP50-95']:.4f} vs yolo_ray {ours['mAP50-95']:.4f}")
     assert native["mAP50-95"] > 0.2, "the baseline itself must have learned for the comparison to mean anything"
     assert ours["mAP50-95"] == pytest.approx(native["mAP50-95"], abs=PARITY_TOLERANCE)
+
+
+def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
+    """data.loader=device (decode once, batched augmentation on the training device) trains the same experiment
+    as well as Ultralytics' own loader does: same epochs, workers, batch and schedule (measured on this machine:
+    0.796 vs 0.701 mAP50-95)."""
+    proc = yolo_ray(
+        "train",
+        str(REPO / "experiments" / "smoke.yaml"),
+        f"data.dir={shapes}",
+        "data.loader=device",
+        f"train.epochs={LEARN_EPOCHS}",
+        f"run.storage_path={tmp_path}",
+        "run.name=device",
+        "tracking.enabled=false",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    history = read_jsonl(tmp_path / "device" / "history.jsonl")
+    assert [h["epoch"] for h in history] == list(range(1, LEARN_EPOCHS + 1))
+    assert max(h["mAP50"] for h in history[-5:]) > max(h["mAP50"] for h in history[:5]) + 0.3
+    ours = json.loads((tmp_path / "device" / "summary.json").read_text())["final"]
+    baseline = json.loads((ddp_run / "summary.json").read_text())["final"]
+    print(f"mAP50-95 device loader {ours['mAP50-95']:.4f} vs Ultralytics loader {baseline['mAP50-95']:.4f}")
+    assert ours["mAP50"] >= 0.5
+    assert ours["mAP50-95"] >= baseline["mAP50-95"] - PARITY_TOLERANCE

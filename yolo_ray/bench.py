@@ -28,7 +28,7 @@ class BenchSettings:
     model: str = "yolo11n.yaml"
     imgsz: int = 640
     images: int = 4096
-    epochs: int = 3
+    epochs: int = 5
     batch_per_gpu: int = 64
     workers: int = 8  # loader processes per GPU (per Ray worker)
     cache: str = "false"
@@ -113,9 +113,12 @@ def _results_csv(run_dir: Path) -> list[dict[str, float]]:
 
 
 def steady_images_per_s(rows: list[dict[str, float]], images: int) -> tuple[float, float]:
-    """(images/s, seconds per epoch) over epochs 2..n from results.csv's cumulative time column."""
+    """(images/s, seconds per epoch) from results.csv's cumulative time column. A row is written mid-way through
+    an epoch's end, so the first gap carries epoch 1's one-off costs (first checkpoint save and report); the last
+    carries the final validation. Both are dropped when there are gaps left."""
     times = [r["time"] for r in rows]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)][:-1] or [times[0]]  # last epoch validates
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = gaps[1:-1] or gaps[:-1] or [times[0]]
     epoch_s = statistics.median(gaps)
     return images / epoch_s, epoch_s
 
