@@ -40,6 +40,7 @@ class BenchSettings:
     throughput_batch_per_gpu: int = 256  # throughput mode's images per device (0: skip it)
     only: str = ""  # comma-separated variant names to run (default: all)
     tta_epochs: int = 0  # > 0: also measure time-to-accuracy (native's final mAP50-95 after this many epochs)
+    profile_steps: int = 0  # > 0: yolo_ray variants profile this many steps of epoch 2 (yolo_ray/profiling.py)
 
     @classmethod
     def cpu(cls) -> BenchSettings:
@@ -53,6 +54,7 @@ class BenchSettings:
             amp=False,
             ceiling_steps=3,
             throughput_batch_per_gpu=0,
+            profile_steps=3,
             data_dir="datasets/bench-cpu",
             out_dir="benchmarks/runs-cpu",
         )
@@ -194,6 +196,7 @@ def run_variant(
         "batch_per_gpu": batch_per_gpu or s.batch_per_gpu,
         "images_per_s": round(ips, 1),
         "loop_images_per_s": loop_images_per_s(run_dir),
+        "profile": json.loads((run_dir / "profile.json").read_text()) if (run_dir / "profile.json").exists() else None,
         "epoch_s": round(epoch_s, 2),
         "wall_s": round(wall, 1),
         "mAP50-95": last.get("metrics/mAP50-95(B)"),
@@ -309,7 +312,8 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
     }
     out_json.parent.mkdir(parents=True, exist_ok=True)
     for name, args, n, batch in plan(s, gpus, cpu):
-        results.append(run_variant(s, name, [*args, *_overrides(s, name, n, batch)], n, env, batch))
+        profile = [f"run.profile_steps={s.profile_steps}"] if s.profile_steps and name.startswith("yolo_ray") else []
+        results.append(run_variant(s, name, [*args, *_overrides(s, name, n, batch), *profile], n, env, batch))
         out_json.write_text(json.dumps(report, indent=2))  # partial results survive a run cut short
     for batch in sorted({s.batch_per_gpu, s.throughput_batch_per_gpu} - {0}):
         results.append(step_ceiling(s, "cpu" if cpu else "cuda:0", batch))

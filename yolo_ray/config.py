@@ -94,6 +94,7 @@ class RunSection:
     ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray started for this run
     fail_at_epoch: int | None = None  # fault injection: raise after this epoch's checkpoint (first attempt)
     fail_rank: int = 0
+    profile_steps: int = 0  # > 0: torch.profiler over this many steps of epoch 2 on rank 0 (profile.txt/.json)
 
 
 @dataclass
@@ -396,6 +397,8 @@ def check_static(cfg: ExperimentConfig) -> None:
             f"{r.fail_at_epoch} is outside 1..epochs-1 ({t.epochs - 1}).",
             "pick an epoch after which training still has epochs left, or null.",
         )
+    if r.profile_steps < 0:
+        raise ConfigError(s, "run.profile_steps", "must be >= 0.", "set it to 0 (off) or a number of steps, e.g. 20.")
     if not r.name or "/" in r.name:
         raise ConfigError(s, "run.name", f"{r.name!r} is not a plain name.", "use letters, digits, '-' or '_'.")
     if t.sync_bn and sc.use_gpu is False:

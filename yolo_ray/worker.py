@@ -61,6 +61,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         )
         reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
         reporter.attach()
+        if rank == 0 and config.get("profile_steps"):
+            from yolo_ray.profiling import StepProfiler
+
+            StepProfiler(run_dir, config["profile_steps"]).attach(trainer)
         trainer.train()
         write_rank_record(trainer, run_dir, ctx, device, resumed_from)
         if rank == 0:

@@ -146,9 +146,11 @@ def augment_batch(
     active = torch.cat([torch.ones_like(mosaic)[:, None], mosaic[:, None].expand(b, 3)], 1)  # [B, 4]
     origin, canvas = _mosaic_layout(cache.hw[tiles], mosaic, s, rand)
     m_pixels, m_boxes, scale = _affine(b, canvas, s, hyp, rand)
+    # boxes first: their nonzero() is the one host sync, and it then waits only for this cheap box math; the pixel
+    # work below is queued behind it and runs while the host goes on to launch the training step
+    targets = _boxes(cache, tiles, active, origin, canvas, m_boxes, scale, s)
     img = _warp(cache, tiles, active, origin, canvas, m_pixels, s, hyp.mosaic > 0)
     img = _hsv(img, hyp, rand)
-    targets = _boxes(cache, tiles, active, origin, canvas, m_boxes, scale, s)
     img = img.round_().clamp_(0, 255).to(torch.uint8)
     return img, targets
 
@@ -330,7 +332,8 @@ class DeviceLoader:
         g = torch.Generator(device=dev)
         g.manual_seed(self.seed * 1_000_003 + self.sampler.epoch * 1009 + self.rank)
         for start in range(0, len(order), self.batch_size):
-            img, targets = augment_batch(self.cache, on_device[start : start + self.batch_size], self.hyp, g)
+            with torch.profiler.record_function("yolo_ray.augment"):
+                img, targets = augment_batch(self.cache, on_device[start : start + self.batch_size], self.hyp, g)
             files = [self.dataset.im_files[i] for i in order[start : start + self.batch_size]]
             yield {
                 "img": img,

@@ -1,0 +1,98 @@
+"""Where a training step's time goes: torch.profiler over a few steps of one epoch on rank 0.
+
+`run.profile_steps: N` profiles N batches of the second epoch (past cuDNN autotuning and the first-epoch one-offs)
+and writes, in the run directory:
+- profile.txt: the top ops by self device time (self CPU time on CPU runs);
+- profile.json: wall ms per step, device-busy ms per step, and the ms per step inside yolo_ray's named ranges
+  (`yolo_ray.augment`: the device loader's batch augmentation). A step whose device-busy time is far below its wall
+  time is bound by the host (Python, kernel launches, syncs), not by the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RANGES = ("yolo_ray.augment",)
+
+
+class StepProfiler:
+    """Ultralytics callbacks that run torch.profiler over `steps` batches of epoch index `epoch` (0-based)."""
+
+    def __init__(self, run_dir: Path, steps: int, epoch: int = 1, skip: int = 2):
+        self.run_dir, self.steps, self.epoch, self.skip = run_dir, steps, epoch, skip
+        self.prof: torch.profiler.profile | None = None
+        self.seen = 0
+        self.t0 = 0.0
+        self.done = False
+
+    def attach(self, trainer: Any) -> None:
+        trainer.add_callback("on_train_batch_end", self.on_batch_end)
+
+    def on_batch_end(self, trainer: Any) -> None:
+        """The window runs from one batch end to the N-th next: N batch fetches (augmentation) and N steps."""
+        if self.done or trainer.epoch != min(self.epoch, trainer.epochs - 1):
+            return
+        self.seen += 1
+        if self.prof is None:
+            if self.seen == self.skip:
+                self._start(trainer)
+            return
+        if self.seen - self.skip < self.steps:
+            return
+        _sync(trainer.device)
+        wall_ms = (time.perf_counter() - self.t0) * 1000
+        self.prof.__exit__(None, None, None)
+        self.done = True
+        self._write(trainer, wall_ms)
+
+    def _start(self, trainer: Any) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if trainer.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        _sync(trainer.device)
+        self.prof = torch.profiler.profile(activities=activities)
+        self.prof.__enter__()
+        self.t0 = time.perf_counter()
+
+    def _write(self, trainer: Any, wall_ms: float) -> None:
+        on_cuda = trainer.device.type == "cuda"
+        averages = self.prof.key_averages()
+        sort = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
+        (self.run_dir / "profile.txt").write_text(averages.table(sort_by=sort, row_limit=40))
+        n = self.steps
+        summary = {
+            "steps": n,
+            "batch_per_worker": trainer.batch_size // max(trainer.world_size, 1),
+            "device": str(trainer.device),
+            "wall_ms_per_step": round(wall_ms / n, 2),
+            "device_busy_ms_per_step": round(_device_busy_us(self.prof) / 1000 / n, 2) if on_cuda else None,
+        }
+        for name in RANGES:
+            row = next((e for e in averages if e.key == name), None)
+            summary[f"{name}_cpu_ms_per_step"] = round(row.cpu_time_total / 1000 / n, 2) if row else None
+            if on_cuda and row is not None:
+                summary[f"{name}_device_ms_per_step"] = round(_device_time(row) / 1000 / n, 2)
+        (self.run_dir / "profile.json").write_text(json.dumps(summary, indent=2))
+        print(f"[yolo_ray] profile of {n} steps: {json.dumps(summary)}", flush=True)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_time(evt: Any) -> float:
+    return float(getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0))
+
+
+def _device_busy_us(prof: torch.profiler.profile) -> float:
+    """Sum of kernel times (self device time of every op): what the GPU actually computed."""
+    total = 0.0
+    for evt in prof.key_averages():
+        total += float(getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0))
+    return total
