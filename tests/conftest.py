@@ -82,14 +82,21 @@ def shapes_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def small_run(shapes_small: Path, storage: Path, name: str, *extra: str) -> list[str]:
-    """Overrides for a quick 2-worker CPU run on the small dataset."""
+def small_data(shapes_small: Path) -> list[str]:
+    """Overrides that point an experiment at the small dataset (and train at its size)."""
     return [
         f"data.dir={shapes_small}",
         "data.synthetic.images=96",
         "data.synthetic.imgsz=64",
         "data.synthetic.seed=1",
         "train.imgsz=64",
+    ]
+
+
+def small_run(shapes_small: Path, storage: Path, name: str, *extra: str) -> list[str]:
+    """Overrides for a quick 2-worker CPU run on the small dataset."""
+    return [
+        *small_data(shapes_small),
         "train.batch=16",
         "train.accumulate=1",
         "train.plots=false",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ENV, REPO, MlflowServer, kill_tree, yolo_ray
+from conftest import ENV, REPO, MlflowServer, kill_tree, small_data, yolo_ray
 from mlflow import MlflowClient
 
 from yolo_ray import config, sweep
@@ -25,11 +25,7 @@ def _sweep_args(shapes_small: Path, storage: Path, name: str, *extra: str) -> li
     # the validation box loss separates them from epoch 1 on.
     return [
         str(SWEEP),
-        f"data.dir={shapes_small}",
-        "data.synthetic.images=96",
-        "data.synthetic.imgsz=64",
-        "data.synthetic.seed=1",
-        "train.imgsz=64",
+        *small_data(shapes_small),
         "train.epochs=4",
         "train.close_mosaic=0",
         "train.warmup_epochs=1",

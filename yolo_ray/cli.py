@@ -137,13 +137,13 @@ def cmd_export(ns: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from yolo_ray import registry
+    from yolo_ray import registry, tracking
     from yolo_ray.config import parse_overrides
     from yolo_ray.export import export
 
     opts = parse_overrides(ns.options, source="yolo-ray export")
     formats = [f.strip() for f in str(opts.get("formats", "onnx")).split(",") if f.strip()]
-    uri = registry.default_uri(ns.tracking_uri)
+    uri = tracking.resolve_uri(ns.tracking_uri)
     with tempfile.TemporaryDirectory() as tmp:
         weights = registry.resolve_weights(ns.source, uri, Path(tmp))
         imgsz = int(opts.get("imgsz") or _trained_imgsz(weights))
@@ -161,10 +161,10 @@ def _trained_imgsz(weights) -> int:
 
 
 def cmd_promote(ns: argparse.Namespace) -> int:
-    from yolo_ray import registry
+    from yolo_ray import registry, tracking
 
     try:
-        print(registry.promote(ns.name, ns.version, registry.default_uri(ns.tracking_uri), force=ns.force))
+        print(registry.promote(ns.name, ns.version, tracking.resolve_uri(ns.tracking_uri), force=ns.force))
     except registry.PromotionRefused as e:
         print(f"refused: {e}", file=sys.stderr)
         return 1

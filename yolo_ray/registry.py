@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from yolo_ray.config import ConfigError
@@ -12,14 +11,6 @@ CHAMPION = "champion"
 
 class PromotionRefused(RuntimeError):
     """The candidate is worse than the current champion (and force was not given)."""
-
-
-def default_uri(uri: str | None) -> str:
-    if uri:
-        return uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    return f"sqlite:///{Path('runs').resolve() / 'mlflow.db'}"
 
 
 def _client(uri: str):

@@ -29,12 +29,18 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
 def tracking_uri(cfg: ExperimentConfig) -> str:
-    """Config, else MLFLOW_TRACKING_URI, else the embedded sqlite store beside the runs."""
-    if cfg.tracking.uri:
-        return cfg.tracking.uri
+    """The experiment's tracking URI (see resolve_uri)."""
+    return resolve_uri(cfg.tracking.uri, cfg.run.storage_path)
+
+
+def resolve_uri(explicit: str | None, storage_path: str = "runs") -> str:
+    """An explicit URI, else MLFLOW_TRACKING_URI, else the embedded sqlite store beside the runs
+    (<storage_path>/mlflow.db: where `yolo-ray train` writes by default, so export/promote find it too)."""
+    if explicit:
+        return explicit
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    storage = Path(cfg.run.storage_path).expanduser().resolve()
+    storage = Path(storage_path).expanduser().resolve()
     storage.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{storage / 'mlflow.db'}"
 

@@ -7,7 +7,9 @@ variables), never download anything, and leave logging to yolo_ray.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,9 +23,24 @@ def set_offline_env(config_dir: str | Path | None = None) -> None:
     os.environ["YOLO_AUTOINSTALL"] = "false"
     os.environ.setdefault("YOLO_VERBOSE", "true")
     if config_dir is None:  # one dir per process: concurrent ranks must not race on one settings.json
-        config_dir = Path(tempfile.gettempdir()) / f"ultralytics-settings-{os.getpid()}"
+        _remove_dead_settings_dirs()
+        config_dir = Path(tempfile.gettempdir()) / f"{SETTINGS_PREFIX}{os.getpid()}"
+        atexit.register(shutil.rmtree, config_dir, ignore_errors=True)
     Path(config_dir).mkdir(parents=True, exist_ok=True)
     os.environ["YOLO_CONFIG_DIR"] = str(config_dir)
+
+
+SETTINGS_PREFIX = "ultralytics-settings-"
+
+
+def _remove_dead_settings_dirs() -> None:
+    """Per-process settings dirs of processes that are gone (killed workers skip atexit)."""
+    import psutil
+
+    for d in Path(tempfile.gettempdir()).glob(f"{SETTINGS_PREFIX}*"):
+        pid = d.name.removeprefix(SETTINGS_PREFIX)
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def disable_integrations() -> None:
