@@ -127,3 +127,17 @@ def test_loader_shards_and_replays(shapes_dir: Path) -> None:
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     loaders[0].sampler.set_epoch(4)
     assert not torch.equal(next(iter(loaders[0]))["img"], first[0])
+
+
+def test_a_cache_that_cannot_fit_fails_before_allocating() -> None:
+    """The decoded set must fit (60% of free memory): otherwise a clear error naming the key and the fix, raised
+    before the tensor is allocated."""
+    import psutil
+
+    from yolo_ray.data.device_loader import _check_fits
+
+    too_many = int(psutil.virtual_memory().available / (640 * 640 * 3)) + 1
+    with pytest.raises(RuntimeError) as err:
+        _check_fits(too_many, 640, torch.device("cpu"))
+    assert "data.loader: ultralytics" in str(err.value) and "train.imgsz" in str(err.value)
+    _check_fits(100, 640, torch.device("cpu"))  # 117 MiB fits
