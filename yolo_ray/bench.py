@@ -54,7 +54,7 @@ class BenchSettings:
             amp=False,
             ceiling_steps=3,
             throughput_batch_per_gpu=0,
-            profile_steps=3,
+            profile_steps=2,  # a 2-worker epoch here has 4 batches: 2 skipped, 2 profiled
             data_dir="datasets/bench-cpu",
             out_dir="benchmarks/runs-cpu",
         )

@@ -32,6 +32,12 @@ class StepProfiler:
 
     def attach(self, trainer: Any) -> None:
         trainer.add_callback("on_train_batch_end", self.on_batch_end)
+        trainer.add_callback("on_train_epoch_end", self.on_epoch_end)
+
+    def on_epoch_end(self, trainer: Any) -> None:
+        """An epoch shorter than the window: keep the steps it had."""
+        if self.prof is not None and not self.done and self.seen > self.skip:
+            self._finish(trainer, self.seen - self.skip)
 
     def on_batch_end(self, trainer: Any) -> None:
         """The window runs from one batch end to the N-th next: N batch fetches (augmentation) and N steps."""
@@ -42,13 +48,15 @@ class StepProfiler:
             if self.seen == self.skip:
                 self._start(trainer)
             return
-        if self.seen - self.skip < self.steps:
-            return
+        if self.seen - self.skip >= self.steps:
+            self._finish(trainer, self.steps)
+
+    def _finish(self, trainer: Any, steps: int) -> None:
         _sync(trainer.device)
         wall_ms = (time.perf_counter() - self.t0) * 1000
         self.prof.__exit__(None, None, None)
         self.done = True
-        self._write(trainer, wall_ms)
+        self._write(trainer, wall_ms, steps)
 
     def _start(self, trainer: Any) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -59,12 +67,11 @@ class StepProfiler:
         self.prof.__enter__()
         self.t0 = time.perf_counter()
 
-    def _write(self, trainer: Any, wall_ms: float) -> None:
+    def _write(self, trainer: Any, wall_ms: float, n: int) -> None:
         on_cuda = trainer.device.type == "cuda"
         averages = self.prof.key_averages()
         sort = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
         (self.run_dir / "profile.txt").write_text(averages.table(sort_by=sort, row_limit=40))
-        n = self.steps
         summary = {
             "steps": n,
             "batch_per_worker": trainer.batch_size // max(trainer.world_size, 1),
