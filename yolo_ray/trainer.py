@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Iterator
-from copy import copy
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from ultralytics.data import build_yolo_dataset
 from ultralytics.models.yolo.detect import DetectionTrainer
+from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distributed_zero_first, unwrap_model
 
 
@@ -77,11 +76,9 @@ class RayDetectionTrainer(DetectionTrainer):
             return super().get_dataloader(dataset_path, batch_size, rank, mode)
         from yolo_ray.data import device_loader
 
-        args = copy(self.args)
-        args.cache = False  # the device cache replaces Ultralytics' RAM/disk cache
-        with torch_distributed_zero_first(rank):  # labels *.cache written once per node
-            gs = max(int(unwrap_model(self.model).stride.max()), 32)
-            dataset = build_yolo_dataset(args, dataset_path, batch_size, self.data, mode="train", stride=gs)
+        # the device cache replaces Ultralytics' RAM/disk cache; labels *.cache are written once per node
+        with torch_distributed_zero_first(rank), override_configs(self.args, overrides={"cache": False}):
+            dataset = self.build_dataset(dataset_path, "train", batch_size)
         cache = device_loader.DeviceCache.build(dataset, self.args.imgsz, self.device, device_loader.decode_threads())
         grank = dist.get_rank() if dist.is_initialized() else 0
         hyp = device_loader.AugmentHyp.from_args(self.args)

@@ -26,7 +26,8 @@ from yolo_ray.summary import append_history, read_history
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """config: {"overrides": Ultralytics train args, "run_dir": str, "sync_bn": bool, "fault": dict | None}."""
+    """config: launcher.train's train_loop_config (Ultralytics overrides, run_dir, sync_bn, loader, channels_last,
+    profile_steps, fault, export)."""
     from yolo_ray import ultralytics_env
 
     ultralytics_env.set_offline_env()
@@ -56,12 +57,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             device=device,
             world_size=world_size,
             sync_bn=config["sync_bn"],
-            loader=config.get("loader", "ultralytics"),
-            channels_last=config.get("channels_last", False),
+            loader=config["loader"],
+            channels_last=config["channels_last"],
         )
         reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
         reporter.attach()
-        if rank == 0 and config.get("profile_steps"):
+        if rank == 0 and config["profile_steps"]:
             from yolo_ray.profiling import StepProfiler
 
             StepProfiler(run_dir, config["profile_steps"]).attach(trainer)
