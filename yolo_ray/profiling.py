@@ -93,13 +93,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _device_time(evt: Any) -> float:
-    return float(getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0))
+def _device_time(evt: Any, prefix: str = "") -> float:
+    """An event's device time in us (`device_*` in recent torch, `cuda_*` before)."""
+    return float(getattr(evt, f"{prefix}device_time_total", None) or getattr(evt, f"{prefix}cuda_time_total", 0.0))
 
 
 def _device_busy_us(prof: torch.profiler.profile) -> float:
     """Sum of kernel times (self device time of every op): what the GPU actually computed."""
-    total = 0.0
-    for evt in prof.key_averages():
-        total += float(getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0))
-    return total
+    return sum(_device_time(evt, "self_") for evt in prof.key_averages())

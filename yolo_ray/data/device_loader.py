@@ -19,7 +19,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -60,7 +60,10 @@ class DeviceCache:
         self.boxes = boxes  # [N, K, 4] xyxy pixels of the resized image
         self.cls = cls  # [N, K]
         self.valid = valid  # [N, K] bool: padding rows are False
-        self.size = images.shape[1]
+        self.size = s = images.shape[1]
+        axis = torch.arange(s, device=images.device, dtype=torch.float32)
+        ys, xs = torch.meshgrid(axis, axis, indexing="ij")
+        self.pixel_grid = torch.stack([xs, ys, torch.ones_like(ys)], -1).reshape(1, -1, 3)  # [1, S*S, 3] (x, y, 1)
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -143,22 +146,31 @@ def augment_batch(
 
     mosaic = rand(b) < hyp.mosaic
     tiles = torch.cat([idx[:, None], torch.randint(0, len(cache), (b, 3), generator=g, device=dev)], 1)
-    active = torch.cat([torch.ones_like(mosaic)[:, None], mosaic[:, None].expand(b, 3)], 1)  # [B, 4]
-    origin, canvas = _mosaic_layout(cache.hw[tiles], mosaic, s, rand)
-    m_pixels, m_boxes, scale = _affine(b, canvas, s, hyp, rand)
+    layout = _mosaic_layout(cache, tiles, mosaic, rand)
+    m_pixels, m_boxes, scale = _affine(b, layout.canvas, s, hyp, rand)
     # boxes first: their nonzero() is the one host sync, and it then waits only for this cheap box math; the pixel
     # work below is queued behind it and runs while the host goes on to launch the training step
-    targets = _boxes(cache, tiles, active, origin, canvas, m_boxes, scale, s)
-    img = _warp(cache, tiles, active, origin, canvas, m_pixels, s, hyp.mosaic > 0)
+    targets = _boxes(cache, layout, m_boxes, scale)
+    img = _warp(cache, layout, m_pixels, hyp.mosaic > 0)
     img = _hsv(img, hyp, rand)
     img = img.round_().clamp_(0, 255).to(torch.uint8)
     return img, targets
 
 
-def _mosaic_layout(hw: torch.Tensor, mosaic: torch.Tensor, s: int, rand: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where each of the 4 tiles' top-left corner lands on the canvas ([B, 4, 2] as x, y) and the canvas size
-    ([B, 2] as w, h): 2S x 2S around a random centre for mosaic samples, the image itself otherwise."""
-    b = hw.shape[0]
+class Layout(NamedTuple):
+    """Which cached images make up each sample and where they sit on its canvas."""
+
+    tiles: torch.Tensor  # [B, 4] cache indices: the sample's own image, then 3 mosaic partners
+    active: torch.Tensor  # [B, 4] bool: the partners only in mosaic samples
+    hw: torch.Tensor  # [B, 4, 2] each tile's (h, w)
+    origin: torch.Tensor  # [B, 4, 2] each tile's top-left corner on the canvas (x, y)
+    canvas: torch.Tensor  # [B, 2] canvas (w, h)
+
+
+def _mosaic_layout(cache: DeviceCache, tiles: torch.Tensor, mosaic: torch.Tensor, rand: Any) -> Layout:
+    """The canvas is 2S x 2S around a random centre for mosaic samples, the image itself otherwise."""
+    b, s = tiles.shape[0], cache.size
+    hw = cache.hw[tiles]
     h, w = hw[..., 0], hw[..., 1]
     xc = torch.floor(s / 2 + rand(b) * s)  # Ultralytics: int(uniform(s/2, 3s/2))
     yc = torch.floor(s / 2 + rand(b) * s)
@@ -168,7 +180,8 @@ def _mosaic_layout(hw: torch.Tensor, mosaic: torch.Tensor, s: int, rand: Any) ->
     origin = torch.where(mosaic[:, None, None], origin, torch.zeros_like(origin))
     single = torch.stack([w[:, 0], h[:, 0]], -1)
     canvas = torch.where(mosaic[:, None], torch.full_like(single, 2 * s), single)
-    return origin, canvas
+    active = torch.cat([torch.ones_like(mosaic)[:, None], mosaic[:, None].expand(b, 3)], 1)
+    return Layout(tiles, active, hw, origin, canvas)
 
 
 def _affine(
@@ -210,29 +223,17 @@ def _affine(
     return flipped(s - 1.0), flipped(float(s)), scale
 
 
-def _warp(
-    cache: DeviceCache,
-    tiles: torch.Tensor,
-    active: torch.Tensor,
-    origin: torch.Tensor,
-    canvas: torch.Tensor,
-    m: torch.Tensor,
-    s: int,
-    mosaic_possible: bool,
-) -> torch.Tensor:
+def _warp(cache: DeviceCache, layout: Layout, m: torch.Tensor, mosaic_possible: bool) -> torch.Tensor:
     """Each output pixel maps back through M^-1 to the canvas, then into the one tile covering it (bilinear);
     pixels no tile covers are grey, as in cv2.warpAffine(borderValue=114) over Ultralytics' mosaic canvas."""
+    tiles, active, origin, canvas, s = layout.tiles, layout.active, layout.origin, layout.canvas, cache.size
     b, dev = tiles.shape[0], tiles.device
-    axis = torch.arange(s, device=dev, dtype=torch.float32)
-    ys, xs = torch.meshgrid(axis, axis, indexing="ij")
-    grid = torch.stack([xs, ys, torch.ones_like(ys)], -1).reshape(1, -1, 3)  # [1, S*S, 3] pixel indices
-    src = (grid @ torch.linalg.inv(m).transpose(1, 2))[..., :2]  # [B, S*S, 2] canvas coordinates
+    src = (cache.pixel_grid @ torch.linalg.inv(m).transpose(1, 2))[..., :2]  # [B, S*S, 2] canvas coordinates
     on_canvas = ((src >= -0.5) & (src < canvas[:, None, :] - 0.5)).all(-1)
     out = torch.full((b, 3, s, s), PAD, device=dev)
-    hw = cache.hw[tiles]  # [B, 4, 2] (h, w)
     for q in range(4 if mosaic_possible else 1):  # decided on the host: no GPU sync
         local = src - origin[:, q, None, :]
-        size = hw[:, q, None, :].flip(-1)  # (w, h)
+        size = layout.hw[:, q, None, :].flip(-1)  # (w, h)
         inside = on_canvas & active[:, q, None] & ((local >= -0.5) & (local < size - 0.5)).all(-1)
         pixels = cache.images[tiles[:, q]].permute(0, 3, 1, 2).float()  # [B, 3, S, S]
         norm = (2 * local + 1) / s - 1  # grid_sample, align_corners=False: pixel index -> [-1, 1]
@@ -267,17 +268,9 @@ def _hsv(img: torch.Tensor, hyp: AugmentHyp, rand: Any) -> torch.Tensor:
     return torch.stack(channels, 1).mul_(255).contiguous(memory_format=torch.channels_last)
 
 
-def _boxes(
-    cache: DeviceCache,
-    tiles: torch.Tensor,
-    active: torch.Tensor,
-    origin: torch.Tensor,
-    canvas: torch.Tensor,
-    m: torch.Tensor,
-    scale: torch.Tensor,
-    s: int,
-) -> dict[str, torch.Tensor]:
+def _boxes(cache: DeviceCache, layout: Layout, m: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
     """Boxes moved like the pixels and filtered as Ultralytics does; returned in its batch format."""
+    tiles, active, origin, canvas, s = layout.tiles, layout.active, layout.origin, layout.canvas, cache.size
     b = tiles.shape[0]
     boxes = cache.boxes[tiles] + origin.repeat(1, 1, 2)[:, :, None, :]  # [B, 4, K, 4] canvas xyxy
     limit = canvas.repeat(1, 2)[:, None, None, :]
