@@ -137,7 +137,7 @@ def loop_images_per_s(run_dir: Path) -> float | None:
 
 
 def _overrides(
-    s: BenchSettings, name: str, workers: int, batch_per_gpu: int = 0, val_every_epoch: bool = False
+    s: BenchSettings, name: str, workers: int, batch_per_gpu: int, val_every_epoch: bool = False
 ) -> list[str]:
     return [
         f"model={s.model}",
@@ -148,7 +148,7 @@ def _overrides(
         "data.synthetic.classes=3",
         f"train.imgsz={s.imgsz}",
         f"train.epochs={s.epochs}",
-        f"train.batch={(batch_per_gpu or s.batch_per_gpu) * workers}",
+        f"train.batch={batch_per_gpu * workers}",
         "train.accumulate=1",
         f"train.workers={s.workers}",
         f"train.cache={s.cache}",
@@ -176,7 +176,7 @@ def throughput_lr0(global_batch: int, lr0: float = 0.01, reference: int = 64) ->
 
 
 def run_variant(
-    s: BenchSettings, name: str, args: list[str], workers: int, env: dict[str, str], batch_per_gpu: int = 0
+    s: BenchSettings, name: str, args: list[str], workers: int, env: dict[str, str], batch_per_gpu: int
 ) -> dict[str, Any]:
     run_dir = Path(s.out_dir).resolve() / name
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never a resumed or "already finished" one
@@ -195,7 +195,7 @@ def run_variant(
     return {
         "name": name,
         "gpus": workers,
-        "batch_per_gpu": batch_per_gpu or s.batch_per_gpu,
+        "batch_per_gpu": batch_per_gpu,
         "images_per_s": round(ips, 1),
         "loop_images_per_s": loop_images_per_s(run_dir),
         "profile": json.loads((run_dir / "profile.json").read_text()) if (run_dir / "profile.json").exists() else None,
@@ -277,7 +277,8 @@ def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], i
     use = ["scaling.use_gpu=false"] if cpu else ["scaling.use_gpu=true"]
     out = [(f"native-1{unit}", ["--native", "--device", "cpu" if cpu else "0"], 1, s.batch_per_gpu)]
     if n_all > 1 and not cpu:
-        out.append((f"native-ddp-{n_all}{unit}", ["--native", "--device", ",".join(map(str, range(n_all)))], n_all, 0))
+        devices = ",".join(map(str, range(n_all)))
+        out.append((f"native-ddp-{n_all}{unit}", ["--native", "--device", devices], n_all, s.batch_per_gpu))
     for n in counts:
         out.append((f"yolo_ray-{n}{unit}", use, n, s.batch_per_gpu))
     for n in [n_all] if cpu else counts:  # CI: the device path once, on 2 CPU workers
@@ -287,7 +288,7 @@ def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], i
         for n in counts:
             out.append((f"yolo_ray-device-b{tb}-{n}{unit}", [*use, *DEVICE_PATH], n, tb))
     only = {x for x in s.only.split(",") if x}
-    return [(name, args, n, b or s.batch_per_gpu) for name, args, n, b in out if not only or name in only]
+    return [v for v in out if not only or v[0] in only]
 
 
 def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
@@ -358,15 +359,21 @@ def time_to_accuracy(s: BenchSettings, gpus: int, cpu: bool, env: dict[str, str]
     unit = "cpu" if cpu else "gpu"
     tta = BenchSettings(**{**asdict(s), "epochs": s.tta_epochs})
     native_name = f"tta-native-1{unit}"
-    native_args = ["--native", "--device", "cpu" if cpu else "0", *_overrides(tta, native_name, 1, 0, True)]
-    native = run_variant(tta, native_name, native_args, 1, env)
+    native_args = [
+        "--native",
+        "--device",
+        "cpu" if cpu else "0",
+        *_overrides(tta, native_name, 1, s.batch_per_gpu, True),
+    ]
+    native = run_variant(tta, native_name, native_args, 1, env, s.batch_per_gpu)
     tb = s.throughput_batch_per_gpu or s.batch_per_gpu
+    lr0 = throughput_lr0(tb * gpus)
     ours_settings = BenchSettings(**{**asdict(s), "epochs": 2 * s.tta_epochs})
     name = f"tta-yolo_ray-device-b{tb}-{gpus}{unit}"
     args = [
         *_overrides(ours_settings, name, gpus, tb, True),
         *DEVICE_PATH,
-        f"train.lr0={throughput_lr0(tb * gpus)}",
+        f"train.lr0={lr0}",
         f"scaling.use_gpu={str(not cpu).lower()}",
     ]
     ours = run_variant(ours_settings, name, args, gpus, env, tb)
@@ -381,7 +388,7 @@ def time_to_accuracy(s: BenchSettings, gpus: int, cpu: bool, env: dict[str, str]
         "native_epochs": s.tta_epochs,
         "native_train_s": native_rows[-1]["time"],
         "native_wall_s": native["wall_s"],
-        "yolo_ray_lr0": throughput_lr0(tb * gpus),
+        "yolo_ray_lr0": lr0,
         "yolo_ray_global_batch": tb * gpus,
         "yolo_ray_best_mAP50-95": max(r["metrics/mAP50-95(B)"] for r in our_rows),
         "yolo_ray_epoch_reached": int(reached["epoch"]) if reached else None,

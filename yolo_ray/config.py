@@ -437,29 +437,28 @@ def check_static(cfg: ExperimentConfig) -> None:
             )
 
 
-# Ultralytics augmentations the device loader does not reproduce: refused rather than silently dropped.
-DEVICE_LOADER_UNSUPPORTED = ("perspective", "mixup", "cutmix", "copy_paste")
+# Ultralytics train arguments the device loader does not implement: refused rather than silently dropped.
+DEVICE_LOADER_UNSUPPORTED = {
+    "perspective": "is an augmentation",
+    "mixup": "is an augmentation",
+    "cutmix": "is an augmentation",
+    "copy_paste": "is an augmentation",
+    "rect": "changes image shapes per batch, which",
+    "multi_scale": "changes image shapes per batch, which",
+}
 
 
 def check_device_loader(cfg: ExperimentConfig) -> None:
     if cfg.data.loader != "device":
         return
-    for key in DEVICE_LOADER_UNSUPPORTED:
-        if cfg.train.extra.get(key, 0):
+    for key, what in DEVICE_LOADER_UNSUPPORTED.items():
+        if cfg.train.extra.get(key):
             raise ConfigError(
                 cfg.source,
                 f"train.extra.{key}",
-                f"is {cfg.train.extra[key]}, but data.loader=device does not implement {key}.",
-                f"set train.extra.{key}: 0, or data.loader: ultralytics.",
+                f"is {cfg.train.extra[key]}: it {what} data.loader=device does not implement.",
+                f"remove train.extra.{key} (or set it to 0), or set data.loader: ultralytics.",
             )
-    if cfg.train.extra.get("rect") or cfg.train.extra.get("multi_scale", 0):
-        key = "rect" if cfg.train.extra.get("rect") else "multi_scale"
-        raise ConfigError(
-            cfg.source,
-            f"train.extra.{key}",
-            "changes image shapes per batch, which data.loader=device does not do.",
-            f"remove train.extra.{key}, or use data.loader: ultralytics.",
-        )
 
 
 def check_batch_divides(cfg: ExperimentConfig, num_workers: int) -> None:
