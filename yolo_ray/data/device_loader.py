@@ -136,9 +136,12 @@ def _label_tensors(labels: list[dict], hw: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def augment_batch(
-    cache: DeviceCache, idx: torch.Tensor, hyp: AugmentHyp, g: torch.Generator
+    cache: DeviceCache, idx: torch.Tensor, hyp: AugmentHyp, g: torch.Generator, fused: bool | None = None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One augmented batch: uint8 images [B, 3, S, S] (channels_last memory) and Ultralytics' target tensors."""
+    """One augmented batch: uint8 images [B, 3, S, S] (channels_last memory) and Ultralytics' target tensors.
+
+    fused: the pixel work as one Triton kernel (augment_kernel; the default on CUDA) or as torch ops (the reference,
+    the default on CPU). Both draw the same random numbers, so a seed gives the same batch either way."""
     s, dev, b = cache.size, cache.images.device, idx.numel()
 
     def rand(*shape: int) -> torch.Tensor:
@@ -151,10 +154,18 @@ def augment_batch(
     # boxes first: their nonzero() is the one host sync, and it then waits only for this cheap box math; the pixel
     # work below is queued behind it and runs while the host goes on to launch the training step
     targets = _boxes(cache, layout, m_boxes, scale)
-    img = _warp(cache, layout, m_pixels, hyp.mosaic > 0)
-    img = _hsv(img, hyp, rand)
-    img = img.round_().clamp_(0, 255).to(torch.uint8)
-    return img, targets
+    gains = _hsv_gains(b, hyp, rand, dev)
+    minv = torch.linalg.inv_ex(m_pixels).inverse  # inv_ex: no host sync to check singularity
+    if fused if fused is not None else dev.type == "cuda":
+        from yolo_ray.data import augment_kernel
+
+        sizes = layout.hw.flip(-1) * layout.active[..., None]
+        params = augment_kernel.pack_params(minv, layout.canvas, layout.centre, layout.origin, sizes, gains)
+        return augment_kernel.warp_hsv(cache.images, tiles, params, gains is not None, PAD), targets
+    img = _warp(cache, layout, minv, hyp.mosaic > 0)
+    if gains is not None:
+        img = _hsv(img, gains)
+    return img.round_().clamp_(0, 255).to(torch.uint8), targets
 
 
 class Layout(NamedTuple):
@@ -165,6 +176,7 @@ class Layout(NamedTuple):
     hw: torch.Tensor  # [B, 4, 2] each tile's (h, w)
     origin: torch.Tensor  # [B, 4, 2] each tile's top-left corner on the canvas (x, y)
     canvas: torch.Tensor  # [B, 2] canvas (w, h)
+    centre: torch.Tensor  # [B, 2] where the mosaic quadrants meet (x, y); far off the canvas for plain samples
 
 
 def _mosaic_layout(cache: DeviceCache, tiles: torch.Tensor, mosaic: torch.Tensor, rand: Any) -> Layout:
@@ -181,7 +193,8 @@ def _mosaic_layout(cache: DeviceCache, tiles: torch.Tensor, mosaic: torch.Tensor
     single = torch.stack([w[:, 0], h[:, 0]], -1)
     canvas = torch.where(mosaic[:, None], torch.full_like(single, 2 * s), single)
     active = torch.cat([torch.ones_like(mosaic)[:, None], mosaic[:, None].expand(b, 3)], 1)
-    return Layout(tiles, active, hw, origin, canvas)
+    centre = torch.where(mosaic[:, None], torch.stack([xc, yc], -1), torch.full_like(single, 1e9))
+    return Layout(tiles, active, hw, origin, canvas, centre)
 
 
 def _affine(
@@ -223,12 +236,12 @@ def _affine(
     return flipped(s - 1.0), flipped(float(s)), scale
 
 
-def _warp(cache: DeviceCache, layout: Layout, m: torch.Tensor, mosaic_possible: bool) -> torch.Tensor:
+def _warp(cache: DeviceCache, layout: Layout, minv: torch.Tensor, mosaic_possible: bool) -> torch.Tensor:
     """Each output pixel maps back through M^-1 to the canvas, then into the one tile covering it (bilinear);
     pixels no tile covers are grey, as in cv2.warpAffine(borderValue=114) over Ultralytics' mosaic canvas."""
     tiles, active, origin, canvas, s = layout.tiles, layout.active, layout.origin, layout.canvas, cache.size
     b, dev = tiles.shape[0], tiles.device
-    src = (cache.pixel_grid @ torch.linalg.inv(m).transpose(1, 2))[..., :2]  # [B, S*S, 2] canvas coordinates
+    src = (cache.pixel_grid @ minv.transpose(1, 2))[..., :2]  # [B, S*S, 2] canvas coordinates
     on_canvas = ((src >= -0.5) & (src < canvas[:, None, :] - 0.5)).all(-1)
     out = torch.full((b, 3, s, s), PAD, device=dev)
     for q in range(4 if mosaic_possible else 1):  # decided on the host: no GPU sync
@@ -244,12 +257,16 @@ def _warp(cache: DeviceCache, layout: Layout, m: torch.Tensor, mosaic_possible: 
     return out.contiguous(memory_format=torch.channels_last)
 
 
-def _hsv(img: torch.Tensor, hyp: AugmentHyp, rand: Any) -> torch.Tensor:
-    """RandomHSV: hue shifted by U(-1,1)*hsv_h of a turn, saturation and value scaled by 1 + U(-1,1)*gain."""
+def _hsv_gains(b: int, hyp: AugmentHyp, rand: Any, dev: torch.device) -> torch.Tensor | None:
+    """RandomHSV's per-image gains U(-1, 1) x (hsv_h, hsv_s, hsv_v); None when HSV is off."""
     if not (hyp.hsv_h or hyp.hsv_s or hyp.hsv_v):
-        return img
-    b = img.shape[0]
-    gains = (rand(b, 3) * 2 - 1) * torch.tensor([hyp.hsv_h, hyp.hsv_s, hyp.hsv_v], device=img.device)
+        return None
+    scale = torch.tensor([hyp.hsv_h, hyp.hsv_s, hyp.hsv_v], device=dev)
+    return (rand(b, 3) * 2 - 1) * scale
+
+
+def _hsv(img: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+    """RandomHSV: hue shifted by gain_h of a turn, saturation and value scaled by 1 + gain."""
     rgb = img / 255
     r, g, bl = rgb.unbind(1)
     v, _ = rgb.max(1)

@@ -1,0 +1,130 @@
+"""Where a device-loader training step's time goes, without the profiler's overhead: CUDA-event timing of the
+model's own step with each piece of Ultralytics' loop added in turn, and of the batch augmentation alone.
+
+    python benchmarks/step_probe.py [--batches 64,256] [--model yolo11n.yaml] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def make_cache(n: int, s: int, dev: torch.device):
+    from yolo_ray.data.device_loader import DeviceCache
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    images = torch.randint(0, 255, (n, s, s, 3), dtype=torch.uint8, generator=g).to(dev)
+    hw = torch.full((n, 2), float(s))
+    hw[: n // 2, 0] = s * 0.75  # half the images landscape, as load_image leaves them
+    k = 6
+    xy = torch.rand(n, k, 2, generator=g) * s * 0.6
+    wh = 20 + torch.rand(n, k, 2, generator=g) * s * 0.3
+    boxes = torch.cat([xy, torch.minimum(xy + wh, hw[:, None, [1, 0]])], -1)
+    cls = torch.randint(0, 3, (n, k), generator=g).float()
+    valid = torch.ones(n, k, dtype=torch.bool)
+    return DeviceCache(images, hw.to(dev), boxes.to(dev), cls.to(dev), valid.to(dev))
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(fn, steps: int, dev: torch.device) -> float:
+    for _ in range(3):
+        fn()
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    sync(dev)
+    return (time.perf_counter() - t0) * 1000 / steps
+
+
+def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device) -> dict[str, float]:
+    """ms per step at batch b: augmentation alone (fused, reference), then the model's step with each piece of
+    Ultralytics' loop added: clip + EMA, the progress bar's per-step sync, the augmentation of a fresh batch."""
+    from ultralytics.nn.tasks import DetectionModel
+    from ultralytics.utils import DEFAULT_CFG
+    from ultralytics.utils.torch_utils import ModelEMA
+
+    from yolo_ray.data.device_loader import AugmentHyp, augment_batch
+
+    hyp, cuda = AugmentHyp(), dev.type == "cuda"
+    g = torch.Generator(device=dev)
+    g.manual_seed(0)
+    model = DetectionModel(model_cfg, nc=3, verbose=False).to(dev).to(memory_format=torch.channels_last)
+    model.args = DEFAULT_CFG
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9, nesterov=True)
+    scaler = torch.amp.GradScaler(dev.type, enabled=cuda)
+    ema = ModelEMA(model)
+    idx = torch.randint(0, len(cache), (b,), device=dev)
+    fixed = augment_batch(cache, idx, hyp, g)
+
+    def step(aug: bool = False, full: bool = False, sync: bool = False) -> None:
+        img, targets = augment_batch(cache, torch.randint(0, len(cache), (b,), device=dev), hyp, g) if aug else fixed
+        batch = {"img": (img.float() / 255).contiguous(memory_format=torch.channels_last), **targets}
+        with torch.autocast(dev.type, dtype=torch.float16, enabled=cuda):
+            loss, items = model(batch)
+        scaler.scale(loss.sum()).backward()
+        if full:  # BaseTrainer.optimizer_step
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        if full:
+            ema.update(model)
+        if sync:  # Ultralytics' progress bar formats the losses every step
+            " ".join(f"{float(v):g}" for v in items.values())
+
+    r: dict[str, float] = {"batch": b}
+    r["augment_ms"] = timed(lambda: augment_batch(cache, idx, hyp, g), steps, dev)
+    r["augment_reference_ms"] = timed(lambda: augment_batch(cache, idx, hyp, g, fused=False), steps, dev)
+    r["ceiling_step_ms"] = timed(step, steps, dev)
+    r["plus_clip_ema_ms"] = timed(lambda: step(full=True), steps, dev)
+    r["plus_pbar_sync_ms"] = timed(lambda: step(full=True, sync=True), steps, dev)
+    r["plus_augment_ms"] = timed(lambda: step(aug=True, full=True, sync=True), steps, dev)
+    r["no_sync_with_augment_ms"] = timed(lambda: step(aug=True, full=True), steps, dev)
+    for k in [k for k in r if k.endswith("_ms")]:
+        r[k] = round(r[k], 2)
+        if not k.startswith("augment"):
+            r[k.replace("_ms", "_img_s")] = round(b * 1000 / r[k], 1)
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="64,256")
+    ap.add_argument("--model", default="yolo11n.yaml")
+    ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+
+    from yolo_ray import ultralytics_env
+
+    ultralytics_env.setup()
+    dev = torch.device(a.device)
+    torch.backends.cudnn.benchmark = True
+    cache = make_cache(256 if dev.type == "cpu" else 1024, a.imgsz, dev)
+    rows = []
+    for b in map(int, a.batches.split(",")):
+        rows.append(probe(cache, a.model, b, a.steps, dev))
+        print(json.dumps(rows[-1]), flush=True)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    if a.json:
+        gpu = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"
+        Path(a.json).write_text(json.dumps({"gpu": gpu, "model": a.model, "imgsz": a.imgsz, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
