@@ -121,17 +121,22 @@ class RayDetectionTrainer(DetectionTrainer):
 
 
 def weights_digest(module: nn.Module, as_saved: bool = False) -> str:
-    h = hashlib.sha256()
-    for name, p in module.named_parameters():
-        t = p.detach().to("cpu")
-        t = t.half().float() if as_saved else t.float()
-        h.update(name.encode())
-        h.update(t.contiguous().numpy().tobytes())
+    """One device-to-host copy of all parameters (flattened in order), not one sync per tensor: it runs every epoch."""
+    names, tensors = zip(*module.named_parameters(), strict=True)
+    flat = torch.cat([p.detach().reshape(-1).float() for p in tensors])
+    flat = flat.half().float() if as_saved else flat
+    h = hashlib.sha256("\n".join(names).encode())
+    h.update(flat.cpu().numpy().tobytes())
     return h.hexdigest()
 
 
 class _RayDDP(nn.parallel.DistributedDataParallel):
-    """DDP as Ultralytics builds it, plus CPU (gloo) support and optional SyncBatchNorm."""
+    """DDP as Ultralytics builds it, plus CPU (gloo) support, optional SyncBatchNorm, and a static graph.
+
+    Ultralytics asks for find_unused_parameters=True, so DDP walks the autograd graph after every forward: on an
+    H200 that host work made YOLO11n at 64 images per GPU scale 1.2x on 2 GPUs. The training graph is the same at
+    every step, so static_graph=True finds the unused parameters once, in the first iteration, and skips the walk.
+    """
 
     sync_bn = False
 
@@ -139,6 +144,7 @@ class _RayDDP(nn.parallel.DistributedDataParallel):
         if self.sync_bn:
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
         on_cpu = next(module.parameters()).device.type == "cpu"
+        kwargs.update(static_graph=True, find_unused_parameters=False)  # static: found once, no per-step walk
         super().__init__(module, device_ids=None if on_cpu else device_ids, **kwargs)
 
 
