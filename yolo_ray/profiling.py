@@ -99,5 +99,12 @@ def _device_time(evt: Any, prefix: str = "") -> float:
 
 
 def _device_busy_us(prof: torch.profiler.profile) -> float:
-    """Sum of kernel times (self device time of every op): what the GPU actually computed."""
-    return sum(_device_time(evt, "self_") for evt in prof.key_averages())
+    """What the GPU actually computed: the self time of device-side events (kernels, copies), as torch's own table
+    totals it; CPU ops (whose self device time repeats their kernels') and user ranges are left out."""
+    from torch.autograd import DeviceType
+
+    return sum(
+        _device_time(evt, "self_")
+        for evt in prof.key_averages()
+        if evt.device_type == DeviceType.CUDA and not getattr(evt, "is_user_annotation", False)
+    )
