@@ -1,17 +1,26 @@
-"""Where a device-loader training step's time goes, without the profiler's overhead: CUDA-event timing of the
+"""Where a device-loader training step's time goes, without the profiler's overhead: wall-clock timing of the
 model's own step with each piece of Ultralytics' loop added in turn, and of the batch augmentation alone.
 
     python benchmarks/step_probe.py [--batches 64,256] [--model yolo11n.yaml] [--json out.json]
+    torchrun --nproc-per-node 2 benchmarks/step_probe.py ...     # the same on 2 processes: DDP and independent
+    python benchmarks/step_probe.py --ray 2 ...                   # the same inside Ray Train workers
+
+With several processes each row is timed twice: each rank stepping its own model (what the processes cost each
+other: host contention) and the model under DDP (what coupling the ranks costs). Under torchrun vs under Ray the
+difference is Ray's worker environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 
 def make_cache(n: int, s: int, dev: torch.device):
@@ -46,7 +55,7 @@ def timed(fn, steps: int, dev: torch.device) -> float:
     return (time.perf_counter() - t0) * 1000 / steps
 
 
-def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device) -> dict[str, float]:
+def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: bool = False) -> dict[str, float]:
     """ms per step at batch b: augmentation alone (fused, reference), then the model's step with each piece of
     Ultralytics' loop added: clip + EMA, the progress bar's per-step sync, the augmentation of a fresh batch."""
     from ultralytics.nn.tasks import DetectionModel
@@ -61,6 +70,10 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device) -> dict[
     model = DetectionModel(model_cfg, nc=3, verbose=False).to(dev).to(memory_format=torch.channels_last)
     model.args = DEFAULT_CFG
     model.train()
+    net = model
+    if ddp:  # as yolo_ray's trainer wraps it: static graph, no per-step search for unused parameters
+        ids = [dev.index] if dev.type == "cuda" else None
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, static_graph=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9, nesterov=True)
     scaler = torch.amp.GradScaler(dev.type, enabled=cuda)
     ema = ModelEMA(model)
@@ -71,7 +84,7 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device) -> dict[
         img, targets = augment_batch(cache, torch.randint(0, len(cache), (b,), device=dev), hyp, g) if aug else fixed
         batch = {"img": (img.float() / 255).contiguous(memory_format=torch.channels_last), **targets}
         with torch.autocast(dev.type, dtype=torch.float16, enabled=cuda):
-            loss, items = model(batch)
+            loss, items = net(batch)
         scaler.scale(loss.sum()).backward()
         if full:  # BaseTrainer.optimizer_step
             scaler.unscale_(opt)
@@ -84,7 +97,7 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device) -> dict[
         if sync:  # Ultralytics' progress bar formats the losses every step
             " ".join(f"{float(v):g}" for v in items.values())
 
-    r: dict[str, float] = {"batch": b}
+    r: dict[str, float] = {"batch": b, "ddp": ddp}
     r["augment_ms"] = timed(lambda: augment_batch(cache, idx, hyp, g), steps, dev)
     r["augment_reference_ms"] = timed(lambda: augment_batch(cache, idx, hyp, g, fused=False), steps, dev)
     r["ceiling_step_ms"] = timed(step, steps, dev)
@@ -94,9 +107,56 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device) -> dict[
     r["no_sync_with_augment_ms"] = timed(lambda: step(aug=True, full=True), steps, dev)
     for k in [k for k in r if k.endswith("_ms")]:
         r[k] = round(r[k], 2)
-        if not k.startswith("augment"):
+        if not k.startswith("augment") and r[k] > 0:
             r[k.replace("_ms", "_img_s")] = round(b * 1000 / r[k], 1)
     return r
+
+
+def run(a: argparse.Namespace, dev: torch.device) -> list[dict[str, float]]:
+    """Every batch size; with several processes, each once independent and once under DDP."""
+    from yolo_ray import ultralytics_env
+
+    ultralytics_env.setup()
+    # by name: Ray pickles this script's functions by value, and the torch.backends.cudnn object does not pickle
+    importlib.import_module("torch.backends.cudnn").benchmark = True
+    cache = make_cache(256 if dev.type == "cpu" else 1024, a.imgsz, dev)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rows = []
+    for b in map(int, a.batches.split(",")):
+        for ddp in [False, True] if world > 1 else [False]:
+            rows.append({"processes": world, **probe(cache, a.model, b, a.steps, dev, ddp)})
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                print(json.dumps(rows[-1]), flush=True)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _ray_worker(config: dict) -> None:
+    import ray.train
+
+    rows = run(argparse.Namespace(**config), ray.train.torch.get_device())
+    if ray.train.get_context().get_world_rank() == 0:  # a result carries metrics only with a checkpoint: a file
+        Path(config["rows_path"]).write_text(json.dumps(rows))
+
+
+def run_in_ray(a: argparse.Namespace, workers: int) -> list[dict[str, float]]:
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    cuda = torch.cuda.is_available() and not a.device.startswith("cpu")
+    out = Path("benchmarks/runs").resolve()
+    rows_path = out / "step_probe_rows.json"
+    rows_path.unlink(missing_ok=True)
+    ray.init(include_dashboard=False)
+    TorchTrainer(
+        _ray_worker,
+        train_loop_config={**vars(a), "rows_path": str(rows_path)},
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=cuda),
+        run_config=RunConfig(name="step_probe", storage_path=str(out)),
+    ).fit()
+    return [{**r, "launcher": "ray"} for r in json.loads(rows_path.read_text())]
 
 
 def main() -> None:
@@ -105,24 +165,28 @@ def main() -> None:
     ap.add_argument("--model", default="yolo11n.yaml")
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--device", default="cuda", help="cuda (this process's local rank) or cpu")
+    ap.add_argument("--ray", type=int, default=0, help="run inside N Ray Train workers instead")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
 
-    from yolo_ray import ultralytics_env
-
-    ultralytics_env.setup()
-    dev = torch.device(a.device)
-    torch.backends.cudnn.benchmark = True
-    cache = make_cache(256 if dev.type == "cpu" else 1024, a.imgsz, dev)
-    rows = []
-    for b in map(int, a.batches.split(",")):
-        rows.append(probe(cache, a.model, b, a.steps, dev))
-        print(json.dumps(rows[-1]), flush=True)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    if a.ray:
+        rows = run_in_ray(a, a.ray)
+    else:
+        cuda = a.device.startswith("cuda")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun
+            dist.init_process_group("nccl" if cuda else "gloo")
+        dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+        if cuda:
+            torch.cuda.set_device(dev)
+        rows = [{**r, "launcher": "torchrun" if dist.is_initialized() else "none"} for r in run(a, dev)]
+        if dist.is_initialized():
+            rank = dist.get_rank()
+            dist.destroy_process_group()
+            if rank:
+                return
     if a.json:
-        gpu = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
         Path(a.json).write_text(json.dumps({"gpu": gpu, "model": a.model, "imgsz": a.imgsz, "rows": rows}, indent=2))
 
 

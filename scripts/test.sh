@@ -6,6 +6,6 @@ source "$(dirname "$0")/setup.sh"
 if [ "$(id -u)" = 0 ] && ! command -v ip >/dev/null; then
   apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null
 fi
-ruff check yolo_ray tests
-ruff format --check yolo_ray tests
+ruff check yolo_ray tests benchmarks
+ruff format --check yolo_ray tests benchmarks
 exec python -m pytest "$@"

@@ -3,7 +3,8 @@
 Ultralytics decodes and augments each image on the CPU (mosaic, random affine, HSV, flips). On an H200 host that
 feeds YOLO11n about 1000 images/s per 32 cores while the training step alone runs twice as fast. This loader decodes
 every image once, with Ultralytics' own `load_image` (long side = imgsz), keeps the images as uint8 on the device,
-and augments a whole batch in a few tensor ops, moving the boxes with the image:
+and augments a whole batch there, moving the boxes with the image (random parameters and boxes as batched tensor
+ops; the pixels in one fused Triton kernel on CUDA, augment_kernel.py, or as torch ops, the reference, on CPU):
 
     mosaic (p = hyp.mosaic) -> random affine (degrees, translate, scale, shear) -> HSV -> flips
 
