@@ -125,15 +125,20 @@ def steady_images_per_s(rows: list[dict[str, float]], images: int) -> tuple[floa
     return images / epoch_s, epoch_s
 
 
-def loop_images_per_s(run_dir: Path) -> float | None:
-    """yolo_ray only: the batch loop's own images/s (history.jsonl, epochs 2..n), i.e. without the end-of-epoch
-    save, checkpoint report and validation that images_per_s includes."""
+def history_medians(run_dir: Path) -> dict[str, float | None]:
+    """yolo_ray only, from history.jsonl over epochs 2..n: the batch loop's own images/s (without the end-of-epoch
+    work that images_per_s includes), and that work split: Ultralytics' (validation, CSV, last.pt: save_s) and
+    yolo_ray's checkpoint report to Ray (report_s)."""
     path = run_dir / "history.jsonl"
-    if not path.exists():
-        return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    values = [r["images_per_s"] for r in rows[1:]] or [r["images_per_s"] for r in rows]
-    return round(statistics.median(values), 1) if values else None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = rows[1:] or rows
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in rows if key in r]
+        return round(statistics.median(values), 3) if values else None
+
+    loop = median("images_per_s")
+    return {"loop_images_per_s": loop and round(loop, 1), "save_s": median("save_s"), "report_s": median("report_s")}
 
 
 def _overrides(
@@ -197,7 +202,7 @@ def run_variant(
         "gpus": workers,
         "batch_per_gpu": batch_per_gpu,
         "images_per_s": round(ips, 1),
-        "loop_images_per_s": loop_images_per_s(run_dir),
+        **history_medians(run_dir),
         "profile": json.loads((run_dir / "profile.json").read_text()) if (run_dir / "profile.json").exists() else None,
         "epoch_s": round(epoch_s, 2),
         "wall_s": round(wall, 1),

@@ -127,7 +127,7 @@ class EpochReporter:
     def __init__(self, trainer: Any, run_dir: Path, resumed_from: int | None, fault: faults.FaultPlan):
         self.trainer, self.run_dir, self.resumed_from, self.fault = trainer, run_dir, resumed_from, fault
         self.rank = ray.train.get_context().get_world_rank()
-        self.t_epoch = self.train_seconds = 0.0
+        self.t_epoch = self.train_seconds = self.t_train_end = 0.0
         self.start_digest = ""
 
     def attach(self) -> None:
@@ -145,14 +145,17 @@ class EpochReporter:
         self.t_epoch = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Any) -> None:
-        self.train_seconds = time.perf_counter() - self.t_epoch
+        self.t_train_end = time.perf_counter()
+        self.train_seconds = self.t_train_end - self.t_epoch
 
     def on_fit_epoch_end(self, trainer: Any) -> None:
         if trainer.in_final_eval:
             return
+        t_fit_end = time.perf_counter()
         metrics = None
         if self.rank == 0:
             metrics = epoch_metrics(trainer, self.train_seconds, self.resumed_from)
+            metrics["save_s"] = t_fit_end - self.t_train_end  # Ultralytics' end of epoch: validation, CSV, last.pt
             metrics["start_weights_sha256"] = self.start_digest
             metrics["saved_weights_sha256"] = trainer.checkpoint_digest()
             print(
@@ -174,7 +177,7 @@ class EpochReporter:
         else:
             ray.train.report(metrics)
         if self.rank == 0:  # after the report: history lists only epochs whose checkpoint is persisted
-            append_history(self.run_dir, metrics)
+            append_history(self.run_dir, {**metrics, "report_s": time.perf_counter() - t_fit_end})
 
 
 def _broadcast(obj: Any) -> Any:
