@@ -5,9 +5,9 @@ model's own step with each piece of Ultralytics' loop added in turn, and of the 
     torchrun --nproc-per-node 2 benchmarks/step_probe.py ...     # the same on 2 processes: DDP and independent
     python benchmarks/step_probe.py --ray 2 ...                   # the same inside Ray Train workers
 
-With several processes each row is timed twice: each rank stepping its own model (what the processes cost each
-other: host contention) and the model under DDP (what coupling the ranks costs). Under torchrun vs under Ray the
-difference is Ray's worker environment.
+With several processes each row is timed three times: each rank stepping its own model (what the processes cost
+each other: host contention), then under DDP as Ultralytics wraps it and as yolo_ray does (what coupling the ranks
+costs, and what yolo_ray's DDP options save). Under torchrun vs under Ray the difference is Ray's worker environment.
 """
 
 from __future__ import annotations
@@ -55,7 +55,16 @@ def timed(fn, steps: int, dev: torch.device) -> float:
     return (time.perf_counter() - t0) * 1000 / steps
 
 
-def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: bool = False) -> dict[str, float]:
+DDP_VARIANTS = ("ultralytics", "yolo_ray")  # DDP as each wraps the model
+
+
+def ddp_options(variant: str) -> dict:
+    from yolo_ray.trainer import DDP_OPTIONS  # imports Ultralytics: after ultralytics_env.setup()
+
+    return {"ultralytics": {"find_unused_parameters": True}, "yolo_ray": DDP_OPTIONS}[variant]
+
+
+def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: str = "") -> dict[str, float]:
     """ms per step at batch b: augmentation alone (fused, reference), then the model's step with each piece of
     Ultralytics' loop added: clip + EMA, the progress bar's per-step sync, the augmentation of a fresh batch."""
     from ultralytics.nn.tasks import DetectionModel
@@ -71,9 +80,9 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: boo
     model.args = DEFAULT_CFG
     model.train()
     net = model
-    if ddp:  # as yolo_ray's trainer wraps it: static graph, no per-step search for unused parameters
+    if ddp:
         ids = [dev.index] if dev.type == "cuda" else None
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, static_graph=True)
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_options(ddp))
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9, nesterov=True)
     scaler = torch.amp.GradScaler(dev.type, enabled=cuda)
     ema = ModelEMA(model)
@@ -97,7 +106,7 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: boo
         if sync:  # Ultralytics' progress bar formats the losses every step
             " ".join(f"{float(v):g}" for v in items.values())
 
-    r: dict[str, float] = {"batch": b, "ddp": ddp}
+    r: dict[str, float] = {"batch": b, "ddp": ddp or "none"}
     r["augment_ms"] = timed(lambda: augment_batch(cache, idx, hyp, g), steps, dev)
     r["augment_reference_ms"] = timed(lambda: augment_batch(cache, idx, hyp, g, fused=False), steps, dev)
     r["ceiling_step_ms"] = timed(step, steps, dev)
@@ -123,7 +132,7 @@ def run(a: argparse.Namespace, dev: torch.device) -> list[dict[str, float]]:
     world = dist.get_world_size() if dist.is_initialized() else 1
     rows = []
     for b in map(int, a.batches.split(",")):
-        for ddp in [False, True] if world > 1 else [False]:
+        for ddp in ["", *DDP_VARIANTS] if world > 1 else [""]:
             rows.append({"processes": world, **probe(cache, a.model, b, a.steps, dev, ddp)})
             if not dist.is_initialized() or dist.get_rank() == 0:
                 print(json.dumps(rows[-1]), flush=True)

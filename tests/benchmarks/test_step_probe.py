@@ -19,14 +19,18 @@ def _rows(cmd: list[str], out: Path) -> list[dict]:
 
 def test_probe_times_every_piece_of_the_step(tmp_path: Path) -> None:
     (row,) = _rows([sys.executable], tmp_path / "one.json")
-    assert row["launcher"] == "none" and row["batch"] == 4 and row["ddp"] is False
+    assert row["launcher"] == "none" and row["batch"] == 4 and row["ddp"] == "none"
     for key in ("augment_ms", "augment_reference_ms", "ceiling_step_ms", "plus_clip_ema_ms", "plus_augment_ms"):
         assert row[key] > 0, key
     assert row["ceiling_step_img_s"] == round(4 * 1000 / row["ceiling_step_ms"], 1)
 
 
-def test_probe_under_torchrun_times_independent_and_ddp_steps(tmp_path: Path) -> None:
+def test_probe_under_torchrun_times_independent_and_both_ddp_steps(tmp_path: Path) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     rows = _rows(torchrun, tmp_path / "two.json")
-    assert [(r["processes"], r["ddp"], r["launcher"]) for r in rows] == [(2, False, "torchrun"), (2, True, "torchrun")]
+    assert [(r["processes"], r["ddp"], r["launcher"]) for r in rows] == [
+        (2, "none", "torchrun"),
+        (2, "ultralytics", "torchrun"),
+        (2, "yolo_ray", "torchrun"),
+    ]
     assert all(r["ceiling_step_ms"] > 0 for r in rows)
