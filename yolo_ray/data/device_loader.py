@@ -157,7 +157,7 @@ def augment_batch(
     targets = _boxes(cache, layout, m_boxes, scale)
     gains = _hsv_gains(b, hyp, rand, dev)
     minv = torch.linalg.inv_ex(m_pixels).inverse  # inv_ex: no host sync to check singularity
-    if fused if fused is not None else dev.type == "cuda":
+    if dev.type == "cuda" if fused is None else fused:
         from yolo_ray.data import augment_kernel
 
         sizes = layout.hw.flip(-1) * layout.active[..., None]
