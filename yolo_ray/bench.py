@@ -413,6 +413,8 @@ def print_table(report: dict[str, Any]) -> None:
         "images_per_s",
         "loop_images_per_s",
         "epoch_s",
+        "save_s",
+        "report_s",
         "speedup_vs_1",
         "scaling_efficiency",
         "ratio_vs_native",
