@@ -109,6 +109,20 @@ def small_run(shapes_small: Path, storage: Path, name: str, *extra: str) -> list
     ]
 
 
+def ultralytics_train_dataset(root: Path, imgsz: int, **hyp: float):
+    """(args, dataset): Ultralytics' training dataset for root/data.yaml, with its own augmentation pipeline."""
+    from yolo_ray import ultralytics_env
+
+    ultralytics_env.setup()
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    args = get_cfg(overrides={"imgsz": imgsz, "cache": False, **hyp})
+    data = check_det_dataset(str(root / "data.yaml"))
+    return args, build_yolo_dataset(args, data["train"], 16, data, mode="train", stride=32)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

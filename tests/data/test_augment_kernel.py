@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import ultralytics_train_dataset
 
-from yolo_ray import ultralytics_env
 from yolo_ray.data.device_loader import AugmentHyp, DeviceCache, augment_batch
 from yolo_ray.data.synth import SynthSpec, generate
 
@@ -17,14 +17,7 @@ IMGSZ = 96
 def cache(tmp_path_factory: pytest.TempPathFactory) -> DeviceCache:
     root = tmp_path_factory.mktemp("shapes_kernel")
     generate(root, SynthSpec(images=24, imgsz=IMGSZ, classes=3, seed=5))
-    ultralytics_env.setup()
-    from ultralytics.cfg import get_cfg
-    from ultralytics.data import build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
-
-    data = check_det_dataset(str(root / "data.yaml"))
-    args = get_cfg(overrides={"imgsz": IMGSZ, "cache": False})
-    dataset = build_yolo_dataset(args, data["train"], 8, data, mode="train", stride=32)
+    _, dataset = ultralytics_train_dataset(root, IMGSZ)
     return DeviceCache.build(dataset, IMGSZ, torch.device("cpu"), threads=2)
 
 

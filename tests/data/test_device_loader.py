@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ultralytics_train_dataset
 
-from yolo_ray import ultralytics_env
 from yolo_ray.data.device_loader import AugmentHyp, DeviceCache, DeviceLoader, augment_batch
 from yolo_ray.data.synth import SynthSpec, generate
 
@@ -23,21 +23,9 @@ def shapes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _dataset(root: Path, **hyp: float):
-    """Ultralytics' training dataset (its augmentation pipeline) for root/data.yaml."""
-    ultralytics_env.setup()
-    from ultralytics.cfg import get_cfg
-    from ultralytics.data import build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
-
-    args = get_cfg(overrides={"imgsz": IMGSZ, "cache": False, **hyp})
-    data = check_det_dataset(str(root / "data.yaml"))
-    return args, build_yolo_dataset(args, data["train"], 16, data, mode="train", stride=32)
-
-
 def _ours(root: Path, n: int, seed: int = 0, **hyp: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """n augmented samples from the device loader: images [n, 3, S, S] and per-image [k, 5] (cls, xywh) labels."""
-    args, ds = _dataset(root, **hyp)
+    args, ds = ultralytics_train_dataset(root, IMGSZ, **hyp)
     cache = DeviceCache.build(ds, IMGSZ, torch.device("cpu"), threads=2)
     g = torch.Generator().manual_seed(seed)
     idx = torch.arange(n) % len(cache)
@@ -47,7 +35,7 @@ def _ours(root: Path, n: int, seed: int = 0, **hyp: float) -> tuple[torch.Tensor
 
 
 def _theirs(root: Path, n: int, seed: int = 0, **hyp: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    _, ds = _dataset(root, **hyp)
+    _, ds = ultralytics_train_dataset(root, IMGSZ, **hyp)
     random.seed(seed)
     np.random.seed(seed)
     items = [ds[i % len(ds)] for i in range(n)]
@@ -113,7 +101,7 @@ def test_deterministic_path_matches_ultralytics_pixel_for_pixel(shapes_dir: Path
 def test_loader_shards_and_replays(shapes_dir: Path) -> None:
     """Two ranks see disjoint halves of the data each epoch; the same (seed, epoch, rank) replays the same batches,
     so a resumed epoch is the epoch it would have been."""
-    args, ds = _dataset(shapes_dir)
+    args, ds = ultralytics_train_dataset(shapes_dir, IMGSZ)
     cache = DeviceCache.build(ds, IMGSZ, torch.device("cpu"), threads=2)
     hyp = AugmentHyp.from_args(args)
     loaders = [DeviceLoader(ds, cache, 8, rank, 2, AugmentHyp(**vars(hyp)), seed=0) for rank in (0, 1)]
