@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo_ray import gitinfo
+from yolo_ray.summary import read_history
 
 
 @dataclass
@@ -129,8 +130,7 @@ def history_medians(run_dir: Path) -> dict[str, float | None]:
     """yolo_ray only, from history.jsonl over epochs 2..n: the batch loop's own images/s (without the end-of-epoch
     work that images_per_s includes), and that work split: Ultralytics' (validation, CSV, last.pt: save_s) and
     yolo_ray's checkpoint report to Ray (report_s)."""
-    path = run_dir / "history.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = read_history(run_dir)
     rows = rows[1:] or rows
 
     def median(key: str) -> float | None:
