@@ -127,7 +127,7 @@ class EpochReporter:
     def __init__(self, trainer: Any, run_dir: Path, resumed_from: int | None, fault: faults.FaultPlan):
         self.trainer, self.run_dir, self.resumed_from, self.fault = trainer, run_dir, resumed_from, fault
         self.rank = ray.train.get_context().get_world_rank()
-        self.t_epoch = self.train_seconds = self.t_train_end = 0.0
+        self.t_epoch = self.t_train_end = 0.0
         self.start_digest = ""
 
     def attach(self) -> None:
@@ -146,7 +146,6 @@ class EpochReporter:
 
     def on_train_epoch_end(self, trainer: Any) -> None:
         self.t_train_end = time.perf_counter()
-        self.train_seconds = self.t_train_end - self.t_epoch
 
     def on_fit_epoch_end(self, trainer: Any) -> None:
         if trainer.in_final_eval:
@@ -154,7 +153,7 @@ class EpochReporter:
         t_fit_end = time.perf_counter()
         metrics = None
         if self.rank == 0:
-            metrics = epoch_metrics(trainer, self.train_seconds, self.resumed_from)
+            metrics = epoch_metrics(trainer, self.t_train_end - self.t_epoch, self.resumed_from)
             metrics["save_s"] = t_fit_end - self.t_train_end  # Ultralytics' end of epoch: validation, CSV, last.pt
             metrics["start_weights_sha256"] = self.start_digest
             metrics["saved_weights_sha256"] = trainer.checkpoint_digest()
