@@ -16,6 +16,7 @@ albumentations blur/CLAHE. Memory: images x imgsz^2 x 3 bytes per worker.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -61,13 +62,17 @@ class DeviceCache:
         self.boxes = boxes  # [N, K, 4] xyxy pixels of the resized image
         self.cls = cls  # [N, K]
         self.valid = valid  # [N, K] bool: padding rows are False
-        self.size = s = images.shape[1]
-        axis = torch.arange(s, device=images.device, dtype=torch.float32)
-        ys, xs = torch.meshgrid(axis, axis, indexing="ij")
-        self.pixel_grid = torch.stack([xs, ys, torch.ones_like(ys)], -1).reshape(1, -1, 3)  # [1, S*S, 3] (x, y, 1)
+        self.size = images.shape[1]
 
     def __len__(self) -> int:
         return self.images.shape[0]
+
+    @functools.cached_property
+    def pixel_grid(self) -> torch.Tensor:
+        """[1, S*S, 3] (x, y, 1) of every output pixel, built once: only the torch reference path (_warp) reads it."""
+        axis = torch.arange(self.size, device=self.images.device, dtype=torch.float32)
+        ys, xs = torch.meshgrid(axis, axis, indexing="ij")
+        return torch.stack([xs, ys, torch.ones_like(ys)], -1).reshape(1, -1, 3)
 
     @staticmethod
     def nbytes(images: int, imgsz: int) -> int:
