@@ -129,7 +129,7 @@ def steady_images_per_s(rows: list[dict[str, float]], images: int) -> tuple[floa
 def history_medians(run_dir: Path) -> dict[str, float | None]:
     """yolo_ray only, from history.jsonl over epochs 2..n: the batch loop's own images/s (without the end-of-epoch
     work that images_per_s includes), and that work split: Ultralytics' (validation, CSV, last.pt: save_s) and
-    yolo_ray's checkpoint report to Ray (report_s)."""
+    yolo_ray's (epoch metrics, weights digest, checkpoint report to Ray: report_s)."""
     rows = read_history(run_dir)
     rows = rows[1:] or rows
 

@@ -176,6 +176,7 @@ class EpochReporter:
         else:
             ray.train.report(metrics)
         if self.rank == 0:  # after the report: history lists only epochs whose checkpoint is persisted
+            # report_s: all of yolo_ray's end of epoch (metrics, digest, checkpoint report), not only Ray's call
             append_history(self.run_dir, {**metrics, "report_s": time.perf_counter() - t_fit_end})
 
 
