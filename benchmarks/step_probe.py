@@ -21,6 +21,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+TORCH_2_13 = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 13)
 
 
 def make_cache(n: int, s: int, dev: torch.device):
@@ -55,22 +58,38 @@ def timed(fn, steps: int, dev: torch.device) -> float:
     return (time.perf_counter() - t0) * 1000 / steps
 
 
-DDP_VARIANTS = ("ultralytics", "yolo_ray")  # DDP as each wraps the model
+DDP_VARIANTS = ("ultralytics", "yolo_ray", "yolo_ray_fp16_grads")  # DDP as each wraps the model, and one idea
 
 
 def ddp_options(variant: str) -> dict:
+    """DDP's keyword arguments as the trainer passes them. Ultralytics turns off the per-forward buffer sync
+    (`forward_sync_buffers` from torch 2.13, `broadcast_buffers` before); yolo_ray keeps that and adds DDP_OPTIONS."""
     from yolo_ray.trainer import DDP_OPTIONS  # imports Ultralytics: after ultralytics_env.setup()
 
-    return {"ultralytics": {"find_unused_parameters": True}, "yolo_ray": DDP_OPTIONS}[variant]
+    no_buffer_sync = {"forward_sync_buffers" if TORCH_2_13 else "broadcast_buffers": False}
+    if variant == "ultralytics":
+        return {"find_unused_parameters": True, **no_buffer_sync}
+    return {**DDP_OPTIONS, **no_buffer_sync}
 
 
-def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: str = "") -> dict[str, float]:
+def allreduce_ms(numel: int, steps: int, dev: torch.device) -> float:
+    """One all-reduce of a gradient-sized fp32 tensor: what the transport (NVLink, shared memory, sockets) costs."""
+    t = torch.ones(numel, device=dev)
+    return timed(lambda: dist.all_reduce(t), steps, dev)
+
+
+def probe(
+    cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: str = "", graphs: bool = False
+) -> dict[str, float]:
     """ms per step at batch b: augmentation alone (fused, reference), then the model's step with each piece of
-    Ultralytics' loop added: clip + EMA, the progress bar's per-step sync, the augmentation of a fresh batch."""
+    Ultralytics' loop added: clip + EMA, the progress bar's per-step sync, the augmentation of a fresh batch.
+    With graphs the model's forward and backward replay CUDA graphs (yolo_ray.cuda_graphs) and the loss runs apart,
+    as Ultralytics' loop does for a wrapped model."""
     from ultralytics.nn.tasks import DetectionModel
     from ultralytics.utils import DEFAULT_CFG
     from ultralytics.utils.torch_utils import ModelEMA
 
+    from yolo_ray.cuda_graphs import GraphedModel
     from yolo_ray.data.device_loader import AugmentHyp, augment_batch
 
     hyp, cuda = AugmentHyp(), dev.type == "cuda"
@@ -79,10 +98,12 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: str
     model = DetectionModel(model_cfg, nc=3, verbose=False).to(dev).to(memory_format=torch.channels_last)
     model.args = DEFAULT_CFG
     model.train()
-    net = model
+    net = GraphedModel(model) if graphs else model
     if ddp:
         ids = [dev.index] if dev.type == "cuda" else None
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_options(ddp))
+        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=ids, **ddp_options(ddp))
+        if ddp.endswith("fp16_grads"):  # gradients travel as fp16: half the bytes
+            net.register_comm_hook(None, fp16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9, nesterov=True)
     scaler = torch.amp.GradScaler(dev.type, enabled=cuda)
     ema = ModelEMA(model)
@@ -93,7 +114,7 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: str
         img, targets = augment_batch(cache, torch.randint(0, len(cache), (b,), device=dev), hyp, g) if aug else fixed
         batch = {"img": (img.float() / 255).contiguous(memory_format=torch.channels_last), **targets}
         with torch.autocast(dev.type, dtype=torch.float16, enabled=cuda):
-            loss, items = net(batch)
+            loss, items = model.loss(batch, net(batch["img"])) if graphs else net(batch)
         scaler.scale(loss.sum()).backward()
         if full:  # BaseTrainer.optimizer_step
             scaler.unscale_(opt)
@@ -106,7 +127,9 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: str
         if sync:  # Ultralytics' progress bar formats the losses every step
             " ".join(f"{float(v):g}" for v in items.values())
 
-    r: dict[str, float] = {"batch": b, "ddp": ddp or "none"}
+    # the host side of the step: intra-op threads and the CPUs this process may run on
+    r: dict[str, float] = {"batch": b, "ddp": ddp or "none", "graphs": graphs, "threads": torch.get_num_threads()}
+    r["cpus"] = len(os.sched_getaffinity(0))
     r["augment_ms"] = timed(lambda: augment_batch(cache, idx, hyp, g), steps, dev)
     r["augment_reference_ms"] = timed(lambda: augment_batch(cache, idx, hyp, g, fused=False), steps, dev)
     r["ceiling_step_ms"] = timed(step, steps, dev)
@@ -114,9 +137,11 @@ def probe(cache, model_cfg: str, b: int, steps: int, dev: torch.device, ddp: str
     r["plus_pbar_sync_ms"] = timed(lambda: step(full=True, sync=True), steps, dev)
     r["plus_augment_ms"] = timed(lambda: step(aug=True, full=True, sync=True), steps, dev)
     r["no_sync_with_augment_ms"] = timed(lambda: step(aug=True, full=True), steps, dev)
+    if ddp:
+        r["allreduce_grads_ms"] = allreduce_ms(sum(p.numel() for p in model.parameters()), steps, dev)
     for k in [k for k in r if k.endswith("_ms")]:
         r[k] = round(r[k], 2)
-        if not k.startswith("augment") and r[k] > 0:
+        if k.startswith(("ceiling", "plus", "no_sync")) and r[k] > 0:
             r[k.replace("_ms", "_img_s")] = round(b * 1000 / r[k], 1)
     return r
 
@@ -131,9 +156,13 @@ def run(a: argparse.Namespace, dev: torch.device) -> list[dict[str, float]]:
     cache = make_cache(256 if dev.type == "cpu" else 1024, a.imgsz, dev)
     world = dist.get_world_size() if dist.is_initialized() else 1
     rows = []
+    graphs = [False, True] if dev.type == "cuda" else [False]
+    variants = [("", g) for g in graphs]
+    if world > 1:  # each rank alone, then coupled by DDP
+        variants = [("", False), *((ddp, False) for ddp in DDP_VARIANTS), *(("yolo_ray", True) for _ in graphs[1:])]
     for b in map(int, a.batches.split(",")):
-        for ddp in ["", *DDP_VARIANTS] if world > 1 else [""]:
-            rows.append({"processes": world, **probe(cache, a.model, b, a.steps, dev, ddp)})
+        for ddp, graphed in variants:
+            rows.append({"processes": world, **probe(cache, a.model, b, a.steps, dev, ddp, graphed)})
             if not dist.is_initialized() or dist.get_rank() == 0:
                 print(json.dumps(rows[-1]), flush=True)
             if dev.type == "cuda":

@@ -170,6 +170,7 @@ def _overrides(
 
 # yolo_ray's fast path: batches decoded and augmented on the device, channels_last model and inputs.
 DEVICE_PATH = ["data.loader=device", "train.channels_last=true"]
+GRAPHS = ["train.cuda_graphs=true"]  # and the model's forward/backward as CUDA graph replays (GPUs only)
 
 
 def throughput_lr0(global_batch: int, lr0: float = 0.01, reference: int = 64) -> float:
@@ -212,11 +213,13 @@ def run_variant(
     }
 
 
-def step_ceiling(s: BenchSettings, device: str, batch: int) -> dict[str, Any]:
-    """images/s of the model's own training step on random data: the GPU limit with no loader."""
+def step_ceiling(s: BenchSettings, device: str, batch: int, graphs: bool = False) -> dict[str, Any]:
+    """images/s of the model's own training step on random data: the GPU limit with no loader (the eager step,
+    the issue's reference; with graphs, the same step with the model's forward/backward as CUDA graph replays)."""
     import torch
 
     from yolo_ray import ultralytics_env
+    from yolo_ray.cuda_graphs import GraphedModel
 
     ultralytics_env.setup()
     from ultralytics.nn.tasks import DetectionModel
@@ -243,9 +246,11 @@ def step_ceiling(s: BenchSettings, device: str, batch: int) -> dict[str, Any]:
         "bboxes": torch.rand(b * n_box, 4, device=dev) * 0.5 + 0.25,
     }
 
+    graphed = GraphedModel(model)
+
     def step() -> None:
         with torch.autocast(dev.type, dtype=torch.float16, enabled=s.amp and dev.type == "cuda"):
-            loss, _ = model(batch)
+            loss, _ = model.loss(batch, graphed(batch["img"])) if graphs else model(batch)
         scaler.scale(loss.sum()).backward()
         scaler.step(opt)
         scaler.update()
@@ -264,7 +269,7 @@ def step_ceiling(s: BenchSettings, device: str, batch: int) -> dict[str, Any]:
     dt = time.perf_counter() - t0
     mem = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None
     return {
-        "name": f"{dev.type}-step-ceiling-b{b}",
+        "name": f"{dev.type}-step-ceiling-{'graphs-' if graphs else ''}b{b}",
         "gpus": 1,
         "images_per_s": round(b * s.ceiling_steps / dt, 1),
         "peak_gpu_mem_gib": mem and round(mem, 2),
@@ -288,10 +293,15 @@ def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], i
         out.append((f"yolo_ray-{n}{unit}", use, n, s.batch_per_gpu))
     for n in [n_all] if cpu else counts:  # CI: the device path once, on 2 CPU workers
         out.append((f"yolo_ray-device-{n}{unit}", [*use, *DEVICE_PATH], n, s.batch_per_gpu))
+    if not cpu:
+        for n in counts:
+            out.append((f"yolo_ray-graphs-{n}{unit}", [*use, *DEVICE_PATH, *GRAPHS], n, s.batch_per_gpu))
     if s.throughput_batch_per_gpu:
         tb = s.throughput_batch_per_gpu
         for n in counts:
             out.append((f"yolo_ray-device-b{tb}-{n}{unit}", [*use, *DEVICE_PATH], n, tb))
+        for n in [] if cpu else counts:
+            out.append((f"yolo_ray-graphs-b{tb}-{n}{unit}", [*use, *DEVICE_PATH, *GRAPHS], n, tb))
     only = {x for x in s.only.split(",") if x}
     return [v for v in out if not only or v[0] in only]
 
@@ -325,6 +335,8 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         out_json.write_text(json.dumps(report, indent=2))  # partial results survive a run cut short
     for batch in sorted({s.batch_per_gpu, s.throughput_batch_per_gpu} - {0}):
         results.append(step_ceiling(s, "cpu" if cpu else "cuda:0", batch))
+        if not cpu:
+            results.append(step_ceiling(s, "cuda:0", batch, graphs=True))
     _derive(report)
     if s.tta_epochs:
         report["time_to_accuracy"] = time_to_accuracy(s, max(gpus, 1), cpu, env)
@@ -338,7 +350,8 @@ def _derive(report: dict[str, Any]) -> None:
     """Ratios: scaling vs the same variant on one device, yolo_ray vs native at equal devices, vs the step ceiling
     at the same images per device."""
     rows = {r["name"]: r for r in report["results"] if "images_per_s" in r}
-    ceilings = {r["batch_per_gpu"]: r["images_per_s"] for r in rows.values() if "step-ceiling" in r["name"]}
+    # the eager step is the reference the targets are set against
+    ceilings = {r["batch_per_gpu"]: r["images_per_s"] for r in rows.values() if "step-ceiling-b" in r["name"]}
     unit = "cpu" if report["gpus"] == 0 else "gpu"
     for r in rows.values():
         if "step-ceiling" in r["name"]:

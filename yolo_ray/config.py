@@ -64,6 +64,7 @@ class TrainConfig:
     amp: bool = True
     sync_bn: bool = False
     channels_last: bool = False  # NHWC model and inputs: faster convolutions under AMP on recent GPUs
+    cuda_graphs: bool = False  # the model's forward and backward replayed as CUDA graphs (yolo_ray/cuda_graphs.py)
     cache: bool | Literal["ram", "disk"] = False
     workers: int = 2  # data loader processes per Ray worker
     seed: int = 0
@@ -408,6 +409,7 @@ def check_static(cfg: ExperimentConfig) -> None:
             "SyncBatchNorm runs only on GPUs (NCCL); scaling.use_gpu is false.",
             "set train.sync_bn: false for CPU runs.",
         )
+    check_cuda_graphs(cfg)
     check_device_loader(cfg)
     known = ultralytics_train_keys()
     for key in t.extra:
@@ -446,6 +448,20 @@ DEVICE_LOADER_UNSUPPORTED = {
     "rect": "changes image shapes per batch, which",
     "multi_scale": "changes image shapes per batch, which",
 }
+
+
+def check_cuda_graphs(cfg: ExperimentConfig) -> None:
+    """CUDA graphs replay GPU work; they cannot hold SyncBatchNorm's collectives or sit under torch.compile."""
+    t = cfg.train
+    if not t.cuda_graphs:
+        return
+    for bad, problem, fix in (
+        (cfg.scaling.use_gpu is False, "needs GPUs; scaling.use_gpu is false.", "set train.cuda_graphs: false."),
+        (t.sync_bn, "cannot capture SyncBatchNorm's collectives.", "set train.sync_bn or train.cuda_graphs false."),
+        ("compile" in t.extra, "and train.extra.compile both wrap the model.", "drop one of them."),
+    ):
+        if bad:
+            raise ConfigError(cfg.source, "train.cuda_graphs", problem, fix)
 
 
 def check_device_loader(cfg: ExperimentConfig) -> None:

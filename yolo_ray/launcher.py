@@ -140,6 +140,7 @@ def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: s
             "sync_bn": cfg.train.sync_bn,
             "loader": cfg.data.loader,
             "channels_last": cfg.train.channels_last,
+            "cuda_graphs": cfg.train.cuda_graphs,
             "profile_steps": cfg.run.profile_steps,
             "fault": {"epoch": cfg.run.fail_at_epoch, "rank": cfg.run.fail_rank},
             "export": cfg.tracking.enabled and cfg.tracking.register,

@@ -9,8 +9,9 @@ gathered to rank 0, rank-0-only saving, the early-stop broadcast. What changes:
 - the process group already exists (Ray made it): `_setup_ddp` only pins the device Ray gave this worker;
 - DDP on CPU gets no `device_ids` (Ultralytics passes `[None]`, which DDP rejects), and sync-BN converts the model
   right before the wrap;
-- optionally the train loader is yolo_ray's DeviceLoader (decoded images on the device, batched augmentation there)
-  and the model and inputs use channels_last memory.
+- optionally the train loader is yolo_ray's DeviceLoader (decoded images on the device, batched augmentation there),
+  the model and inputs use channels_last memory, and the model's forward and backward replay CUDA graphs (through
+  Ultralytics' seam for compiled models: `attempt_compile` returns the wrapper, the loop computes the loss apart).
 
 Must be imported inside the worker, after Ray has set RANK / LOCAL_RANK / WORLD_SIZE.
 """
@@ -42,11 +43,13 @@ class RayDetectionTrainer(DetectionTrainer):
         sync_bn: bool = False,
         loader: str = "ultralytics",
         channels_last: bool = False,
+        cuda_graphs: bool = False,
     ):
         self.ray_device = device
         self.sync_bn = sync_bn
         self.loader = loader
         self.channels_last = channels_last
+        self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.in_final_eval = False
         self.shard_indices: list[int] = []
         super().__init__(overrides=overrides)
@@ -61,7 +64,7 @@ class RayDetectionTrainer(DetectionTrainer):
             self.accelerator = get_torch_device_backend(self.device)
 
     def _setup_train(self) -> None:
-        with _ray_ddp(sync_bn=self.sync_bn):
+        with _ray_ddp(sync_bn=self.sync_bn), _graphed_compile(self):
             super()._setup_train()
 
     def _build_train_pipeline(self) -> None:
@@ -173,6 +176,26 @@ def _cpu_final_val(trainer: RayDetectionTrainer) -> Iterator[None]:
         yield
     finally:
         base_val.RANK, detect_val.RANK, trainer.validator.dataloader, trainer.args.plots = saved
+
+
+@contextlib.contextmanager
+def _graphed_compile(trainer: RayDetectionTrainer) -> Iterator[None]:
+    """With cuda_graphs, Ultralytics' compile step wraps the model in GraphedModel instead of torch.compile, and
+    `args.compile` set makes its loop call the wrapper for predictions and the model's loss apart."""
+    import ultralytics.engine.trainer as base_trainer
+
+    if not trainer.cuda_graphs:
+        yield
+        return
+    from yolo_ray.cuda_graphs import GraphedModel
+
+    original = base_trainer.attempt_compile
+    base_trainer.attempt_compile = lambda model, **_: GraphedModel(model)
+    trainer.args.compile = True  # Ultralytics' loop: predictions from the wrapper, the loss from the model
+    try:
+        yield
+    finally:
+        base_trainer.attempt_compile = original
 
 
 @contextlib.contextmanager

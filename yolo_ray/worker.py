@@ -59,6 +59,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             sync_bn=config["sync_bn"],
             loader=config["loader"],
             channels_last=config["channels_last"],
+            cuda_graphs=config["cuda_graphs"],
         )
         reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
         reporter.attach()

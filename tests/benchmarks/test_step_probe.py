@@ -32,5 +32,7 @@ def test_probe_under_torchrun_times_independent_and_both_ddp_steps(tmp_path: Pat
         (2, "none", "torchrun"),
         (2, "ultralytics", "torchrun"),
         (2, "yolo_ray", "torchrun"),
+        (2, "yolo_ray_fp16_grads", "torchrun"),
     ]
     assert all(r["ceiling_step_ms"] > 0 for r in rows)
+    assert all(r["allreduce_grads_ms"] > 0 for r in rows if r["ddp"] != "none")
