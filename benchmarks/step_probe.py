@@ -98,7 +98,12 @@ def probe(
     model = DetectionModel(model_cfg, nc=3, verbose=False).to(dev).to(memory_format=torch.channels_last)
     model.args = DEFAULT_CFG
     model.train()
-    net = GraphedModel(model) if graphs else model
+    idx = torch.randint(0, len(cache), (b,), device=dev)
+    fixed = augment_batch(cache, idx, hyp, g)
+    net = model
+    if graphs:  # captured before any DDP wrap, as the trainer does
+        sample = (fixed[0].float() / 255).contiguous(memory_format=torch.channels_last)
+        net = GraphedModel(model).capture(sample, torch.float16)
     if ddp:
         ids = [dev.index] if dev.type == "cuda" else None
         net = torch.nn.parallel.DistributedDataParallel(net, device_ids=ids, **ddp_options(ddp))
@@ -107,8 +112,6 @@ def probe(
     opt = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9, nesterov=True)
     scaler = torch.amp.GradScaler(dev.type, enabled=cuda)
     ema = ModelEMA(model)
-    idx = torch.randint(0, len(cache), (b,), device=dev)
-    fixed = augment_batch(cache, idx, hyp, g)
 
     def step(aug: bool = False, full: bool = False, sync: bool = False) -> None:
         img, targets = augment_batch(cache, torch.randint(0, len(cache), (b,), device=dev), hyp, g) if aug else fixed

@@ -54,6 +54,7 @@ def test_coco_recipe_is_the_4gpu_recipe() -> None:
         (["train.cuda_graphs=true", "scaling.use_gpu=false"], "train.cuda_graphs", "needs GPUs"),
         (["train.cuda_graphs=true", "train.sync_bn=true"], "train.cuda_graphs", "SyncBatchNorm"),
         (["train.cuda_graphs=true", "train.extra.compile=true"], "train.cuda_graphs", "drop one"),
+        (["train.cuda_graphs=true", "train.extra.freeze=10"], "train.cuda_graphs", "freeze"),
     ],
 )
 def test_static_errors_name_key_and_fix(overrides: list[str], key: str, words: str) -> None:

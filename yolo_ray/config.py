@@ -459,6 +459,7 @@ def check_cuda_graphs(cfg: ExperimentConfig) -> None:
         (cfg.scaling.use_gpu is False, "needs GPUs; scaling.use_gpu is false.", "set train.cuda_graphs: false."),
         (t.sync_bn, "cannot capture SyncBatchNorm's collectives.", "set train.sync_bn or train.cuda_graphs false."),
         ("compile" in t.extra, "and train.extra.compile both wrap the model.", "drop one of them."),
+        ("freeze" in t.extra, "are captured before Ultralytics freezes train.extra.freeze.", "drop one of them."),
     ):
         if bad:
             raise ConfigError(cfg.source, "train.cuda_graphs", problem, fix)

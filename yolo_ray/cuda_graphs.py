@@ -29,11 +29,12 @@ class _Predict(nn.Module):
 
 
 class GraphedModel(nn.Module):
-    """Replays CUDA graphs for training batches of the shape first seen; anything else runs the model eagerly
+    """Replays CUDA graphs for training batches shaped like the captured one; anything else runs the model eagerly
     (the last, smaller batch of an epoch, eval mode, dict inputs, CPU).
 
-    The capture runs a few warm-up steps on that first batch (as torch.cuda.make_graphed_callables does), which
-    moves BatchNorm's running statistics by those extra updates; parameters are untouched.
+    Capture before DDP wraps the model (`capture`): DDP holds the parameters' gradient accumulators on the default
+    stream, and a capture on a side stream that reaches them fails. Without DDP the first training batch is captured
+    on the fly. The capture's warm-up steps leave parameters and BatchNorm statistics as they were.
     """
 
     def __init__(self, model: nn.Module, warmup_steps: int = 3):
@@ -55,24 +56,29 @@ class GraphedModel(nn.Module):
     def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs or not self._graphable(x):
             return self._orig_mod(x, *args, **kwargs)
-        key = self._input_key(x)
+        amp = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
         if self._graphed is None:
-            self._capture(x, key)
-        return self._graphed(x) if key == self._key else self._orig_mod(x)
+            self.capture(x, amp)
+        return self._graphed(x) if self._input_key(x, amp) == self._key else self._orig_mod(x)
 
     def _graphable(self, x: Any) -> bool:
         return isinstance(x, torch.Tensor) and x.is_cuda and self._orig_mod.training and torch.is_grad_enabled()
 
     @staticmethod
-    def _input_key(x: torch.Tensor) -> tuple:
-        amp = torch.is_autocast_enabled("cuda")
-        return x.shape, x.stride(), x.dtype, amp, amp and torch.get_autocast_dtype("cuda")
+    def _input_key(x: torch.Tensor, amp: torch.dtype | None) -> tuple:
+        return x.shape, x.dtype, amp  # any memory layout: replays copy the batch into the captured input
 
-    def _capture(self, x: torch.Tensor, key: tuple) -> None:
-        amp, dtype = key[3], key[4] or torch.float16
+    def capture(self, sample: torch.Tensor, amp: torch.dtype | None) -> GraphedModel:
+        """Record the forward and backward graphs for batches shaped like `sample`, under autocast to `amp`."""
+        model = self._orig_mod
+        saved = [b.detach().clone() for b in model.buffers()]  # warm-up steps update BatchNorm's statistics
         # captured graphs cannot use autocast's weight cache; replays run whatever was captured
-        with torch.autocast("cuda", dtype=dtype, enabled=amp, cache_enabled=False):
+        with torch.autocast("cuda", dtype=amp or torch.float16, enabled=amp is not None, cache_enabled=False):
             graphed = torch.cuda.make_graphed_callables(
-                _Predict(self._orig_mod), (x.detach().clone(),), num_warmup_iters=self.warmup_steps
+                _Predict(model), (sample.detach().clone(),), num_warmup_iters=self.warmup_steps
             )
-        self.__dict__["_graphed"], self.__dict__["_key"] = graphed, key
+        with torch.no_grad():
+            for b, v in zip(model.buffers(), saved, strict=True):
+                b.copy_(v)
+        self.__dict__["_graphed"], self.__dict__["_key"] = graphed, self._input_key(sample, amp)
+        return self

@@ -189,13 +189,24 @@ def _graphed_compile(trainer: RayDetectionTrainer) -> Iterator[None]:
         return
     from yolo_ray.cuda_graphs import GraphedModel
 
+    def graphed(model: nn.Module, **_: Any) -> GraphedModel:  # before the DDP wrap, on a batch of this rank's shape
+        args, dev = trainer.args, trainer.device
+        sample = torch.rand(args.batch // max(trainer.world_size, 1), 3, args.imgsz, args.imgsz, device=dev)
+        amp = None if args.amp in {False, "fp32"} else torch.bfloat16 if args.amp == "bf16" else torch.float16
+        return GraphedModel(model).capture(sample.contiguous(memory_format=_layout(model)), amp)
+
     original = base_trainer.attempt_compile
-    base_trainer.attempt_compile = lambda model, **_: GraphedModel(model)
+    base_trainer.attempt_compile = graphed
     trainer.args.compile = True  # Ultralytics' loop: predictions from the wrapper, the loss from the model
     try:
         yield
     finally:
         base_trainer.attempt_compile = original
+
+
+def _layout(model: nn.Module) -> torch.memory_format:
+    weight = next(model.parameters())
+    return torch.channels_last if weight.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
 
 
 @contextlib.contextmanager
