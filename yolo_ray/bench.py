@@ -329,14 +329,16 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "results": results,
     }
     out_json.parent.mkdir(parents=True, exist_ok=True)
+    for batch in sorted({s.batch_per_gpu, s.throughput_batch_per_gpu} - {0}):  # first: short, and a reference
+        results.append(step_ceiling(s, "cpu" if cpu else "cuda:0", batch))
+        if not cpu:
+            results.append(step_ceiling(s, "cuda:0", batch, graphs=True))
+    if not cpu:
+        torch.cuda.empty_cache()  # the variants run in their own processes: give them this one's cached memory
     for name, args, n, batch in plan(s, gpus, cpu):
         profile = [f"run.profile_steps={s.profile_steps}"] if s.profile_steps and name.startswith("yolo_ray") else []
         results.append(run_variant(s, name, [*args, *_overrides(s, name, n, batch), *profile], n, env, batch))
         out_json.write_text(json.dumps(report, indent=2))  # partial results survive a run cut short
-    for batch in sorted({s.batch_per_gpu, s.throughput_batch_per_gpu} - {0}):
-        results.append(step_ceiling(s, "cpu" if cpu else "cuda:0", batch))
-        if not cpu:
-            results.append(step_ceiling(s, "cuda:0", batch, graphs=True))
     _derive(report)
     if s.tta_epochs:
         report["time_to_accuracy"] = time_to_accuracy(s, max(gpus, 1), cpu, env)
