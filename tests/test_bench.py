@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import yolo_ray
 
-from yolo_ray.bench import steady_images_per_s
+from yolo_ray.bench import BenchSettings, plan, steady_images_per_s
 
 
 def test_steady_state_drops_first_and_validating_epochs() -> None:
@@ -16,6 +16,18 @@ def test_steady_state_drops_first_and_validating_epochs() -> None:
     assert steady_images_per_s(rows, 400) == (100.0, 4.0)
     short = [{"time": 10.0}, {"time": 14.0}, {"time": 30.0}]  # 3 epochs: only the middle gap is left
     assert steady_images_per_s(short, 400) == (100.0, 4.0)
+
+
+def test_gpu_plan_runs_every_variant_side_by_side() -> None:
+    """On GPUs one run holds native, yolo_ray with Ultralytics' loader, the device path eager and with CUDA graphs,
+    at 64 and 256 images per GPU, on 1 and on all GPUs (graphs only where CUDA is)."""
+    variants = {name: (args, n, batch) for name, args, n, batch in plan(BenchSettings(), gpus=2, cpu=False)}
+    paths = ("", "-device", "-graphs", "-device-b256", "-graphs-b256")
+    assert set(variants) == {"native-1gpu", "native-ddp-2gpu", *(f"yolo_ray{p}-{n}gpu" for p in paths for n in (1, 2))}
+    assert "train.cuda_graphs=true" in variants["yolo_ray-graphs-2gpu"][0]
+    assert "train.cuda_graphs=true" not in variants["yolo_ray-device-2gpu"][0]
+    assert variants["yolo_ray-graphs-b256-1gpu"][1:] == (1, 256)
+    assert not any("graphs" in name for name, *_ in plan(BenchSettings.cpu(), gpus=0, cpu=True))
 
 
 def test_cpu_bench_runs_end_to_end(tmp_path: Path) -> None:

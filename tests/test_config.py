@@ -124,6 +124,15 @@ def test_cli_more_workers_than_the_cluster_can_give(shapes_small: Path, tmp_path
     assert not (tmp_path / "smoke" / "ranks").exists()  # no worker ever started
 
 
+def test_cli_cuda_graphs_on_a_cpu_only_cluster(shapes_small: Path, tmp_path: Path) -> None:
+    """scaling.use_gpu: auto resolves to CPUs here: graphs are refused once Ray says so, before any worker starts."""
+    proc = yolo_ray(
+        "train", f"data.dir={shapes_small}", "train.cuda_graphs=true", f"run.storage_path={tmp_path}", cwd=tmp_path
+    )
+    _assert_clean_error(proc, "train.cuda_graphs", "trains on CPUs")
+    assert not (tmp_path / "smoke" / "ranks").exists()
+
+
 def test_accumulate_maps_to_ultralytics_nbs(tmp_path: Path) -> None:
     from yolo_ray.launcher import ultralytics_overrides
 

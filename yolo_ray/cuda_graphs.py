@@ -1,8 +1,8 @@
 """CUDA graphs for a detection model's training forward and backward.
 
-A small model at 64 images per GPU is bound by the host issuing its ~2,000 kernels a step, not by the GPU
-(benchmarks/step_probe.py measures it): as graphs, the model's forward and backward are two replays each. The loss
-(target assignment with data-dependent shapes and host syncs) stays eager.
+A small model at 64 images per GPU can be bound by the host issuing its many small kernels rather than by the GPU,
+more so with two processes coupled by DDP (benchmarks/step_probe.py measures it): as graphs, the model's forward and
+backward are one replay each. The loss (target assignment, with data-dependent shapes and host syncs) stays eager.
 
 `GraphedModel` keeps the contract of torch.compile's wrapper (the model under `_orig_mod`), which is the seam
 Ultralytics' trainer has for compiled models: it calls `self.model(img)` for the predictions and

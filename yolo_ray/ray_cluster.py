@@ -52,13 +52,11 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
     nodes = _nodes()
     total_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
     use_gpu = total_gpus > 0 if sc.use_gpu == "auto" else bool(sc.use_gpu)
-    if not use_gpu and cfg.train.sync_bn:
-        raise ConfigError(
-            src,
-            "train.sync_bn",
-            "SyncBatchNorm needs GPUs, and this run trains on CPUs.",
-            "set train.sync_bn: false, or run on a cluster with GPUs.",
-        )
+    for key, wanted in (("train.sync_bn", cfg.train.sync_bn), ("train.cuda_graphs", cfg.train.cuda_graphs)):
+        if wanted and not use_gpu:  # SyncBatchNorm runs on NCCL; graphs are CUDA's
+            raise ConfigError(
+                src, key, "needs GPUs, and this run trains on CPUs.", f"set {key}: false, or use a cluster with GPUs."
+            )
     gpus = sc.gpus_per_worker if use_gpu else 0.0
     if sc.num_workers == "auto":
         num_workers = max(1, int(total_gpus // gpus)) if use_gpu else 2
