@@ -178,13 +178,22 @@ def _cpu_final_val(trainer: RayDetectionTrainer) -> Iterator[None]:
         base_val.RANK, detect_val.RANK, trainer.validator.dataloader, trainer.args.plots = saved
 
 
+GRAPHS_COMPILE_MARK = "yolo_ray.cuda_graphs"  # args.compile while graphs are on
+
+
 @contextlib.contextmanager
 def _graphed_compile(trainer: RayDetectionTrainer) -> Iterator[None]:
     """With cuda_graphs, Ultralytics' compile step wraps the model in GraphedModel instead of torch.compile, and
-    `args.compile` set makes its loop call the wrapper for predictions and the model's loss apart."""
+    `args.compile` set makes its loop call the wrapper for predictions and the model's loss apart.
+
+    `args.compile` is saved in last.pt and a resume restores it, so it holds a mark of its own: a graphed run resumed
+    with graphs off must not become a torch.compile run (and native Ultralytics, given an unknown mode, stays eager).
+    """
     import ultralytics.engine.trainer as base_trainer
 
     if not trainer.cuda_graphs:
+        if trainer.args.compile == GRAPHS_COMPILE_MARK:
+            trainer.args.compile = False
         yield
         return
     from yolo_ray.cuda_graphs import GraphedModel
@@ -197,7 +206,7 @@ def _graphed_compile(trainer: RayDetectionTrainer) -> Iterator[None]:
 
     original = base_trainer.attempt_compile
     base_trainer.attempt_compile = graphed
-    trainer.args.compile = True  # Ultralytics' loop: predictions from the wrapper, the loss from the model
+    trainer.args.compile = GRAPHS_COMPILE_MARK  # Ultralytics' loop: predictions from the wrapper, the loss apart
     try:
         yield
     finally:
