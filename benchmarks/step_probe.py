@@ -23,8 +23,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
-TORCH_2_13 = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 13)
-
 
 def make_cache(n: int, s: int, dev: torch.device):
     from yolo_ray.data.device_loader import DeviceCache
@@ -64,7 +62,9 @@ DDP_VARIANTS = ("ultralytics", "yolo_ray", "yolo_ray_fp16_grads")  # DDP as each
 def ddp_options(variant: str) -> dict:
     """DDP's keyword arguments as the trainer passes them. Ultralytics turns off the per-forward buffer sync
     (`forward_sync_buffers` from torch 2.13, `broadcast_buffers` before); yolo_ray keeps that and adds DDP_OPTIONS."""
-    from yolo_ray.trainer import DDP_OPTIONS  # imports Ultralytics: after ultralytics_env.setup()
+    from ultralytics.utils.torch_utils import TORCH_2_13  # imports Ultralytics: after ultralytics_env.setup()
+
+    from yolo_ray.trainer import DDP_OPTIONS
 
     no_buffer_sync = {"forward_sync_buffers" if TORCH_2_13 else "broadcast_buffers": False}
     if variant == "ultralytics":

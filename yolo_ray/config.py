@@ -402,13 +402,7 @@ def check_static(cfg: ExperimentConfig) -> None:
         raise ConfigError(s, "run.profile_steps", "must be >= 0.", "set it to 0 (off) or a number of steps, e.g. 20.")
     if not r.name or "/" in r.name:
         raise ConfigError(s, "run.name", f"{r.name!r} is not a plain name.", "use letters, digits, '-' or '_'.")
-    if t.sync_bn and sc.use_gpu is False:
-        raise ConfigError(
-            s,
-            "train.sync_bn",
-            "SyncBatchNorm runs only on GPUs (NCCL); scaling.use_gpu is false.",
-            "set train.sync_bn: false for CPU runs.",
-        )
+    check_gpu_only(cfg, sc.use_gpu is not False, "scaling.use_gpu is false")
     check_cuda_graphs(cfg)
     check_device_loader(cfg)
     known = ultralytics_train_keys()
@@ -450,13 +444,27 @@ DEVICE_LOADER_UNSUPPORTED = {
 }
 
 
+def check_gpu_only(cfg: ExperimentConfig, use_gpu: bool, cpu_reason: str) -> None:
+    """Refuse GPU-only keys on a CPU run: from the config (use_gpu: false) and again once Ray resolves `auto`."""
+    if use_gpu:
+        return
+    gpu_only = {
+        "train.sync_bn": (cfg.train.sync_bn, "SyncBatchNorm runs on NCCL"),
+        "train.cuda_graphs": (cfg.train.cuda_graphs, "graphs replay CUDA work"),
+    }
+    for key, (wanted, why) in gpu_only.items():
+        if wanted:
+            raise ConfigError(
+                cfg.source, key, f"needs GPUs ({why}), and {cpu_reason}.", f"set {key}: false, or train on GPUs."
+            )
+
+
 def check_cuda_graphs(cfg: ExperimentConfig) -> None:
-    """CUDA graphs replay GPU work; they cannot hold SyncBatchNorm's collectives or sit under torch.compile."""
+    """CUDA graphs cannot hold SyncBatchNorm's collectives, sit under torch.compile, or see freezing after capture."""
     t = cfg.train
     if not t.cuda_graphs:
         return
     for bad, problem, fix in (
-        (cfg.scaling.use_gpu is False, "needs GPUs; scaling.use_gpu is false.", "set train.cuda_graphs: false."),
         (t.sync_bn, "cannot capture SyncBatchNorm's collectives.", "set train.sync_bn or train.cuda_graphs false."),
         ("compile" in t.extra, "and train.extra.compile both wrap the model.", "drop one of them."),
         ("freeze" in t.extra, "are captured before Ultralytics freezes train.extra.freeze.", "drop one of them."),

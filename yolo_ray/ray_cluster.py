@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import ray
 
-from yolo_ray.config import ConfigError, ExperimentConfig, check_batch_divides
+from yolo_ray.config import ConfigError, ExperimentConfig, check_batch_divides, check_gpu_only
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,7 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
     nodes = _nodes()
     total_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
     use_gpu = total_gpus > 0 if sc.use_gpu == "auto" else bool(sc.use_gpu)
-    for key, wanted in (("train.sync_bn", cfg.train.sync_bn), ("train.cuda_graphs", cfg.train.cuda_graphs)):
-        if wanted and not use_gpu:  # SyncBatchNorm runs on NCCL; graphs are CUDA's
-            raise ConfigError(
-                src, key, "needs GPUs, and this run trains on CPUs.", f"set {key}: false, or use a cluster with GPUs."
-            )
+    check_gpu_only(cfg, use_gpu, "this run trains on CPUs")
     gpus = sc.gpus_per_worker if use_gpu else 0.0
     if sc.num_workers == "auto":
         num_workers = max(1, int(total_gpus // gpus)) if use_gpu else 2
