@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import yolo_ray
 
 from yolo_ray.bench import BenchSettings, plan, steady_images_per_s
@@ -28,6 +29,16 @@ def test_gpu_plan_runs_every_variant_side_by_side() -> None:
     assert "train.cuda_graphs=true" not in variants["yolo_ray-device-2gpu"][0]
     assert variants["yolo_ray-graphs-b256-1gpu"][1:] == (1, 256)
     assert not any("graphs" in name for name, *_ in plan(BenchSettings.cpu(), gpus=0, cpu=True))
+
+
+def test_gpu_counts_give_a_scaling_curve_with_native_ddp_at_each_count() -> None:
+    curve = BenchSettings(gpu_counts="1,2,4", only="native-1gpu,native-ddp-2gpu,native-ddp-4gpu,yolo_ray-graphs-4gpu")
+    variants = {name: (args, n) for name, args, n, _ in plan(curve, gpus=4, cpu=False)}
+    assert set(variants) == {"native-1gpu", "native-ddp-2gpu", "native-ddp-4gpu", "yolo_ray-graphs-4gpu"}
+    assert variants["native-ddp-2gpu"] == (["--native", "--device", "0,1"], 2)
+    assert variants["yolo_ray-graphs-4gpu"][1] == 4
+    with pytest.raises(ValueError, match="gpu_counts=1,8"):
+        plan(BenchSettings(gpu_counts="1,8"), gpus=4, cpu=False)
 
 
 def test_cpu_bench_runs_end_to_end(tmp_path: Path) -> None:

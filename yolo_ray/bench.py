@@ -40,7 +40,9 @@ class BenchSettings:
     ceiling_steps: int = 30
     throughput_batch_per_gpu: int = 256  # throughput mode's images per device (0: skip it)
     only: str = ""  # comma-separated variant names to run (default: all)
+    gpu_counts: str = ""  # comma-separated device counts each variant runs on, e.g. "1,2,4" (default: 1 and all)
     tta_epochs: int = 0  # > 0: also measure time-to-accuracy (native's final mAP50-95 after this many epochs)
+    tta_factor: int = 3  # throughput mode may train up to tta_factor x tta_epochs epochs to reach it
     profile_steps: int = 0  # > 0: yolo_ray variants profile this many steps of epoch 2 (yolo_ray/profiling.py)
 
     @classmethod
@@ -279,16 +281,26 @@ def step_ceiling(s: BenchSettings, device: str, batch: int, graphs: bool = False
     }
 
 
+def device_counts(s: BenchSettings, n_all: int) -> list[int]:
+    """The device counts every variant runs on: 1 and all, or gpu_counts (a scaling curve, e.g. 1,2,4)."""
+    if not s.gpu_counts:
+        return sorted({1, n_all})
+    counts = sorted({int(x) for x in str(s.gpu_counts).split(",") if x})
+    if not counts or counts[0] < 1 or counts[-1] > n_all:
+        raise ValueError(f"yolo-ray bench: gpu_counts={s.gpu_counts} must lie in 1..{n_all} (the devices here).")
+    return counts
+
+
 def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], int, int]]:
     """(name, CLI args, devices, images per device) of every variant: native, yolo_ray with Ultralytics' loader,
     yolo_ray's device path at native settings and in throughput mode; on 1 device and on all of them."""
     unit, n_all = ("cpu", 2) if cpu else ("gpu", gpus)
-    counts = sorted({1, n_all})
+    counts = device_counts(s, n_all)
     use = ["scaling.use_gpu=false"] if cpu else ["scaling.use_gpu=true"]
     out = [(f"native-1{unit}", ["--native", "--device", "cpu" if cpu else "0"], 1, s.batch_per_gpu)]
-    if n_all > 1 and not cpu:
-        devices = ",".join(map(str, range(n_all)))
-        out.append((f"native-ddp-{n_all}{unit}", ["--native", "--device", devices], n_all, s.batch_per_gpu))
+    for n in [] if cpu else counts[1:]:
+        devices = ",".join(map(str, range(n)))
+        out.append((f"native-ddp-{n}{unit}", ["--native", "--device", devices], n, s.batch_per_gpu))
     for n in counts:
         out.append((f"yolo_ray-{n}{unit}", use, n, s.batch_per_gpu))
     for n in [n_all] if cpu else counts:  # CI: the device path once, on 2 CPU workers
@@ -374,8 +386,8 @@ def _derive(report: dict[str, Any]) -> None:
 
 def time_to_accuracy(s: BenchSettings, gpus: int, cpu: bool, env: dict[str, str]) -> dict[str, Any]:
     """Native Ultralytics (1 device, batch_per_gpu, tta_epochs) sets the target: its final mAP50-95. yolo_ray's
-    throughput mode (all devices, throughput_batch_per_gpu, linear LR rule, up to 3 x tta_epochs) must reach it:
-    training seconds to the first epoch at or above the target (results.csv time: training plus validation)."""
+    throughput mode (all devices, throughput_batch_per_gpu, linear LR rule, up to tta_factor x tta_epochs) must reach
+    it: training seconds to the first epoch at or above the target (results.csv time: training plus validation)."""
     unit = "cpu" if cpu else "gpu"
     tta = BenchSettings(**{**asdict(s), "epochs": s.tta_epochs})
     native_name = f"tta-native-1{unit}"
@@ -388,7 +400,7 @@ def time_to_accuracy(s: BenchSettings, gpus: int, cpu: bool, env: dict[str, str]
     native = run_variant(tta, native_name, native_args, 1, env, s.batch_per_gpu)
     tb = s.throughput_batch_per_gpu or s.batch_per_gpu
     lr0 = throughput_lr0(tb * gpus)
-    ours_settings = BenchSettings(**{**asdict(s), "epochs": 3 * s.tta_epochs})
+    ours_settings = BenchSettings(**{**asdict(s), "epochs": s.tta_factor * s.tta_epochs})
     name = f"tta-yolo_ray-device-b{tb}-{gpus}{unit}"
     args = [
         *_overrides(ours_settings, name, gpus, tb, True),
