@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -256,29 +257,46 @@ def two_node_cluster() -> Iterator[str]:
             "--disable-usage-stats",
             env={**NODE_ENV, "GLOO_SOCKET_IFNAME": HEAD_IF},
         )
-        _sh(
-            "ip",
-            "netns",
-            "exec",
-            NS,
-            RAY,
-            "start",
-            f"--address={HEAD_IP}:{PORT}",
-            f"--node-ip-address={NODE_IP}",
-            "--num-cpus=1",
-            "--disable-usage-stats",
-            env={**NODE_ENV, "GLOO_SOCKET_IFNAME": NODE_IF},
-        )
-        deadline = time.time() + 60
-        while time.time() < deadline:  # both nodes registered and the Jobs API answering
-            try:
-                with urllib.request.urlopen(f"http://{HEAD_IP}:8265/api/v0/nodes", timeout=5) as r:
-                    nodes = json.loads(r.read())["data"]["result"]["result"]
-                if sum(n["state"] == "ALIVE" for n in nodes) == 2:
-                    break
-            except OSError:
-                pass
-            time.sleep(1)
+        start_node()
         yield f"{HEAD_IP}:{PORT}"
     finally:
         _teardown()
+
+
+def start_node() -> None:
+    """Start the second node's raylet in its namespace and wait until the head sees both nodes alive."""
+    _sh(
+        "ip",
+        "netns",
+        "exec",
+        NS,
+        RAY,
+        "start",
+        f"--address={HEAD_IP}:{PORT}",
+        f"--node-ip-address={NODE_IP}",
+        "--num-cpus=1",
+        "--disable-usage-stats",
+        env={**NODE_ENV, "GLOO_SOCKET_IFNAME": NODE_IF},
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline:  # both nodes registered and the Jobs API answering
+        try:
+            with urllib.request.urlopen(f"http://{HEAD_IP}:8265/api/v0/nodes", timeout=5) as r:
+                nodes = json.loads(r.read())["data"]["result"]["result"]
+            if sum(n["state"] == "ALIVE" for n in nodes) == 2:
+                return
+        except OSError:
+            pass
+        time.sleep(1)
+
+
+def kill_node() -> int:
+    """SIGKILL every process of the second node (raylet, its Ray workers), as when that machine dies. Returns how
+    many processes were killed."""
+    pids = [int(p) for p in _sh("ip", "netns", "pids", NS).stdout.split()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)

@@ -1,14 +1,24 @@
-"""Multi-node: a real 2-node Ray cluster made of two Linux network namespaces, one training worker per node."""
+"""Multi-node: a real 2-node Ray cluster made of two Linux network namespaces, one training worker per node; one node
+is lost mid-run and replaced, and the run resumes from its last epoch checkpoint."""
 
 from __future__ import annotations
 
 import json
+import math
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from conftest import HEAD_IP, NODE_IP, small_run, yolo_ray
+import pytest
+from conftest import ENV, HEAD_IP, NODE_IP, kill_node, read_jsonl, small_run, start_node, yolo_ray
+
+EPOCHS = 4
 
 
-def test_two_nodes_train_together(two_node_cluster: str, shapes_small: Path, tmp_path: Path) -> None:
+def test_two_nodes_train_together_and_survive_losing_one(
+    two_node_cluster: str, shapes_small: Path, tmp_path: Path
+) -> None:
     # A tracking store on one machine's disk is refused for a multi-node cluster, before training starts.
     local_store = yolo_ray(
         "train",
@@ -16,26 +26,57 @@ def test_two_nodes_train_together(two_node_cluster: str, shapes_small: Path, tmp
         cwd=tmp_path,
     )
     assert local_store.returncode == 2 and "is a local store" in local_store.stdout
-    proc = yolo_ray(
-        "train",
-        *small_run(
-            shapes_small,
-            tmp_path,
-            "multinode",
-            "train.epochs=3",
-            f"run.ray_address={two_node_cluster}",
-            "scaling.placement_strategy=STRICT_SPREAD",
-        ),
-        cwd=tmp_path,
+    args = small_run(
+        shapes_small,
+        tmp_path,
+        "multinode",
+        f"train.epochs={EPOCHS}",
+        f"run.ray_address={two_node_cluster}",
+        "scaling.placement_strategy=STRICT_SPREAD",  # one rank per node: losing a node loses a rank
+        "run.max_failures=1",
+        "train.accumulate=2",  # explicit accumulation survives the restart too
     )
-    assert proc.returncode == 0, proc.stdout[-5000:]
     run_dir = tmp_path / "multinode"
+    history = run_dir / "history.jsonl"
+    with open(tmp_path / "driver.log", "w") as log:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "yolo_ray", "train", *args], cwd=tmp_path, env=ENV, stdout=log, stderr=log
+        )
+        deadline = time.time() + 300
+        while time.time() < deadline and driver.poll() is None:
+            if history.exists() and read_jsonl(history):
+                break
+            time.sleep(0.5)
+        assert driver.poll() is None, "the run ended before a node could be lost"
+        assert kill_node() > 0  # the second machine dies mid-epoch: its raylet and rank 1 with it
+        killed_at = max(h["epoch"] for h in read_jsonl(history))
+        start_node()  # a replacement machine joins (as KubeRay or the autoscaler would bring one)
+        driver.wait(timeout=600)
+    out = (tmp_path / "driver.log").read_text()
+    assert driver.returncode == 0, out[-5000:]
+    rows = read_jsonl(history)
+    assert [h["epoch"] for h in rows] == list(range(1, EPOCHS + 1))  # no epoch lost, none trained twice
+    resumed = [h for h in rows if h["resumed_from_epoch"] >= 0]
+    assert resumed, "no epoch came from a restarted worker group"
+    first = resumed[0]
+    assert first["epoch"] == first["resumed_from_epoch"] + 1
+    assert first["resumed_from_epoch"] in (killed_at, killed_at + 1)  # the newest checkpoint on storage
+    saved = next(h for h in rows if h["epoch"] == first["resumed_from_epoch"])["saved_weights_sha256"]
+    assert first["start_weights_sha256"] == saved  # resumed weights, not a fresh model
+    assert rows[0]["start_weights_sha256"] != saved
+    assert f"resuming from the epoch-{first['resumed_from_epoch']} checkpoint" in out
+    # The LR schedule resumed at the right epoch too (warmup is 1 epoch, then linear decay to lrf).
+    for h in rows[1:]:
+        assert h["lr/pg0"] == pytest.approx(0.01 * ((1 - (h["epoch"] - 1) / EPOCHS) * 0.99 + 0.01), rel=1e-6)
     ranks = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
     assert [r["world_rank"] for r in ranks] == [0, 1]
+    assert [(r["per_worker_batch"], r["accumulate"]) for r in ranks] == [(8, 2), (8, 2)]
     assert sorted(r["node_rank"] for r in ranks) == [0, 1]
     assert [r["env"]["NODE_RANK"] for r in ranks] == [str(r["node_rank"]) for r in ranks]
     assert [r["local_rank"] for r in ranks] == [0, 0]
     assert {r["node_ip"] for r in ranks} == {HEAD_IP, NODE_IP}
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["nodes"] == 2 and summary["epochs_completed"] == 3
+    assert summary["status"] == "finished" and summary["nodes"] == 2 and summary["epochs_completed"] == EPOCHS
+    assert summary["restarts"] == 1
+    assert all(math.isfinite(summary["final"][k]) and 0 <= summary["final"][k] <= 1 for k in ("mAP50", "mAP50-95"))
