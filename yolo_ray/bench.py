@@ -64,9 +64,11 @@ class BenchSettings:
 
 
 class Sampler:
-    """CPU and GPU utilisation and peak GPU memory, sampled while a variant runs."""
+    """CPU and GPU utilisation and peak GPU memory, sampled every second while a variant runs (its whole wall time,
+    start-up and final validation included), over the first `devices` GPUs: the ones the variant trains on."""
 
-    def __init__(self) -> None:
+    def __init__(self, devices: int) -> None:
+        self.devices = devices
         self.cpu: list[float] = []
         self.gpu: list[float] = []
         self.mem_mib = 0.0
@@ -87,6 +89,7 @@ class Sampler:
                     timeout=5,
                 )
                 rows = [list(map(float, r.split(","))) for r in out.stdout.strip().splitlines() if r.strip()]
+                rows = rows[: self.devices]
                 if rows:
                     self.gpu.append(statistics.mean(r[0] for r in rows))
                     self.mem_mib = max(self.mem_mib, max(r[1] for r in rows))
@@ -189,7 +192,7 @@ def run_variant(
     run_dir = Path(s.out_dir).resolve() / name
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never a resumed or "already finished" one
     started = time.time()
-    with Sampler() as sampler:
+    with Sampler(workers) as sampler:
         proc = subprocess.run(
             [sys.executable, "-m", "yolo_ray", "train", *args], env=env, capture_output=True, text=True
         )
