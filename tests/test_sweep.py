@@ -135,7 +135,7 @@ def test_killed_sweep_resumes_each_trial_once(shapes_small: Path, tmp_path: Path
         tmp_path,
         "resumable",
         "tune.scheduler=none",
-        "tune.num_samples=4",
+        "tune.num_samples=3",  # two run at once here: at the kill, two trials are mid-run and one not started
         "tune.search=random",
         "tracking.enabled=false",
     )
@@ -162,7 +162,7 @@ def test_killed_sweep_resumes_each_trial_once(shapes_small: Path, tmp_path: Path
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert "resuming sweep" in proc.stdout
     out = json.loads((tmp_path / "resumable" / "sweep.json").read_text())
-    assert len(out["trials"]) == 4 and len({t["trial_id"] for t in out["trials"]}) == 4
+    assert len(out["trials"]) == 3 and len({t["trial_id"] for t in out["trials"]}) == 3
     assert all(t["status"] == "completed" and t["epochs"] == 4 for t in out["trials"])
     for history in trials.glob("*/history.jsonl"):  # each epoch of each trial trained and counted once
         epochs = [json.loads(line)["epoch"] for line in history.read_text().splitlines()]

@@ -304,9 +304,10 @@ def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], i
     for n in [] if cpu else counts[1:]:
         devices = ",".join(map(str, range(n)))
         out.append((f"native-ddp-{n}{unit}", ["--native", "--device", devices], n, s.batch_per_gpu))
-    for n in counts:
+    once = [n_all] if cpu else counts  # CI: each yolo_ray path once, on 2 CPU workers
+    for n in once:
         out.append((f"yolo_ray-{n}{unit}", use, n, s.batch_per_gpu))
-    for n in [n_all] if cpu else counts:  # CI: the device path once, on 2 CPU workers
+    for n in once:
         out.append((f"yolo_ray-device-{n}{unit}", [*use, *DEVICE_PATH], n, s.batch_per_gpu))
     if not cpu:
         for n in counts:
