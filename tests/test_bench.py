@@ -9,6 +9,7 @@ import pytest
 from conftest import yolo_ray
 
 from yolo_ray.bench import BenchSettings, _derive, plan, steady_images_per_s
+from yolo_ray.config import ConfigError
 
 
 def test_steady_state_drops_first_and_validating_epochs() -> None:
@@ -37,7 +38,7 @@ def test_gpu_counts_give_a_scaling_curve_with_native_ddp_at_each_count() -> None
     assert set(variants) == {"native-1gpu", "native-ddp-2gpu", "native-ddp-4gpu", "yolo_ray-graphs-4gpu"}
     assert variants["native-ddp-2gpu"] == (["--native", "--device", "0,1"], 2)
     assert variants["yolo_ray-graphs-4gpu"][1] == 4
-    with pytest.raises(ValueError, match="gpu_counts=1,8"):
+    with pytest.raises(ConfigError, match="gpu_counts: 1,8 must lie in 1..4"):
         plan(BenchSettings(gpu_counts="1,8"), gpus=4, cpu=False)
 
 

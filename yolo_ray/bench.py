@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo_ray import gitinfo
+from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history
 
 
@@ -290,13 +291,15 @@ def device_counts(s: BenchSettings, n_all: int) -> list[int]:
         return sorted({1, n_all})
     counts = sorted({int(x) for x in str(s.gpu_counts).split(",") if x})
     if not counts or counts[0] < 1 or counts[-1] > n_all:
-        raise ValueError(f"yolo-ray bench: gpu_counts={s.gpu_counts} must lie in 1..{n_all} (the devices here).")
+        raise ConfigError(
+            "yolo-ray bench", "gpu_counts", f"{s.gpu_counts} must lie in 1..{n_all} (the devices here).", "lower it."
+        )
     return counts
 
 
 def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], int, int]]:
     """(name, CLI args, devices, images per device) of every variant: native, yolo_ray with Ultralytics' loader,
-    yolo_ray's device path at native settings and in throughput mode; on 1 device and on all of them."""
+    yolo_ray's device path at native settings and in throughput mode; on 1 device and on all of them (or gpu_counts)."""
     unit, n_all = ("cpu", 2) if cpu else ("gpu", gpus)
     counts = device_counts(s, n_all)
     use = ["scaling.use_gpu=false"] if cpu else ["scaling.use_gpu=true"]
@@ -328,6 +331,7 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
     from yolo_ray.data.synth import SynthSpec, ensure
 
     gpus = 0 if cpu else (s.gpus or torch.cuda.device_count())
+    variants = plan(s, gpus, cpu)  # bad options fail here, before any data or GPU work
     ensure(s.data_dir, SynthSpec(images=s.images, imgsz=s.imgsz, classes=3))
     Path(s.out_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), "YOLO_OFFLINE": "1"}
@@ -351,7 +355,7 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
             results.append(step_ceiling(s, "cuda:0", batch, graphs=True))
     if not cpu:
         torch.cuda.empty_cache()  # the variants run in their own processes: give them this one's cached memory
-    for name, args, n, batch in plan(s, gpus, cpu):
+    for name, args, n, batch in variants:
         profile = [f"run.profile_steps={s.profile_steps}"] if s.profile_steps and name.startswith("yolo_ray") else []
         results.append(run_variant(s, name, [*args, *_overrides(s, name, n, batch), *profile], n, env, batch))
         out_json.write_text(json.dumps(report, indent=2))  # partial results survive a run cut short
