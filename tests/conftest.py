@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -65,6 +66,29 @@ def kill_tree(pid: int) -> None:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def check_resumed(run_dir: Path, resumed_from: int, epochs: int) -> list[dict]:
+    """A finished run that failed once and resumed from the epoch-`resumed_from` checkpoint: every epoch once, the
+    second attempt starting from exactly the saved weights and at the right point of the LR schedule."""
+    history = read_jsonl(run_dir / "history.jsonl")
+    assert sorted({h["epoch"] for h in history}) == list(range(1, epochs + 1))
+    first_attempt = [h for h in history if h["resumed_from_epoch"] == -1]
+    second_attempt = [h for h in history if h["resumed_from_epoch"] == resumed_from]
+    assert first_attempt and second_attempt and len(first_attempt) + len(second_attempt) == len(history)
+    # The second attempt starts right after the checkpoint it resumed from, not at epoch 1.
+    assert second_attempt[0]["epoch"] == resumed_from + 1
+    # Resumed weights, not a fresh model: the second attempt starts from exactly what epoch k saved.
+    saved = next(h for h in first_attempt if h["epoch"] == resumed_from)["saved_weights_sha256"]
+    assert second_attempt[0]["start_weights_sha256"] == saved
+    assert first_attempt[0]["start_weights_sha256"] != saved
+    # The LR schedule resumed at the right epoch too (warmup is 1 epoch, then linear decay to lrf).
+    for h in history[1:]:
+        assert h["lr/pg0"] == pytest.approx(0.01 * ((1 - (h["epoch"] - 1) / epochs) * 0.99 + 0.01), rel=1e-6)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["epochs_completed"] == epochs
+    assert all(math.isfinite(summary["final"][k]) and 0 <= summary["final"][k] <= 1 for k in ("mAP50", "mAP50-95"))
+    return history
 
 
 @pytest.fixture(scope="session")

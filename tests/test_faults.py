@@ -4,14 +4,13 @@ node restarting the worker group mid-run: tests/test_ray_cluster.py.)"""
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ENV, kill_tree, read_jsonl, small_run, yolo_ray
+from conftest import ENV, check_resumed, kill_tree, read_jsonl, small_run, yolo_ray
 
 from yolo_ray.faults import FaultPlan, InjectedFault
 
@@ -27,27 +26,6 @@ def test_fault_plan_fails_once() -> None:
     plan.maybe_fail(rank=1, epoch_about_to_start=3, resumed_from=2)  # the resumed attempt goes on
 
 
-def _check_resumed(run_dir: Path, resumed_from: int) -> list[dict]:
-    history = read_jsonl(run_dir / "history.jsonl")
-    assert sorted({h["epoch"] for h in history}) == list(range(1, EPOCHS + 1))
-    first_attempt = [h for h in history if h["resumed_from_epoch"] == -1]
-    second_attempt = [h for h in history if h["resumed_from_epoch"] == resumed_from]
-    assert first_attempt and second_attempt and len(first_attempt) + len(second_attempt) == len(history)
-    # The second attempt starts right after the checkpoint it resumed from, not at epoch 1.
-    assert second_attempt[0]["epoch"] == resumed_from + 1
-    # Resumed weights, not a fresh model: the second attempt starts from exactly what epoch k saved.
-    saved = next(h for h in first_attempt if h["epoch"] == resumed_from)["saved_weights_sha256"]
-    assert second_attempt[0]["start_weights_sha256"] == saved
-    assert first_attempt[0]["start_weights_sha256"] != saved
-    # The LR schedule resumed at the right epoch too (warmup is 1 epoch, then linear decay to lrf).
-    for h in history[1:]:
-        assert h["lr/pg0"] == pytest.approx(0.01 * ((1 - (h["epoch"] - 1) / EPOCHS) * 0.99 + 0.01), rel=1e-6)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["epochs_completed"] == EPOCHS
-    assert all(math.isfinite(summary["final"][k]) and 0 <= summary["final"][k] <= 1 for k in ("mAP50", "mAP50-95"))
-    return history
-
-
 def test_failure_without_retries_keeps_checkpoints(shapes_small: Path, tmp_path: Path) -> None:
     """max_failures=0: the run fails, loses nothing, and the same command resumes it (driver-level resume)."""
     args = small_run(shapes_small, tmp_path, "stop", f"train.epochs={EPOCHS}", "run.max_failures=0")
@@ -57,7 +35,7 @@ def test_failure_without_retries_keeps_checkpoints(shapes_small: Path, tmp_path:
     assert [h["epoch"] for h in read_jsonl(tmp_path / "stop" / "history.jsonl")] == [1, 2, 3]
     resumed = yolo_ray("train", *args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-5000:]
-    _check_resumed(tmp_path / "stop", resumed_from=3)
+    check_resumed(tmp_path / "stop", resumed_from=3, epochs=EPOCHS)
 
 
 def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> None:

@@ -4,14 +4,12 @@ is lost mid-run and replaced, and the run resumes from its last epoch checkpoint
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
-from conftest import ENV, HEAD_IP, NODE_IP, kill_node, read_jsonl, small_run, start_node, yolo_ray
+from conftest import ENV, HEAD_IP, NODE_IP, check_resumed, kill_node, read_jsonl, small_run, start_node, yolo_ray
 
 EPOCHS = 4
 
@@ -58,16 +56,10 @@ def test_two_nodes_train_together_and_survive_losing_one(
     assert [h["epoch"] for h in rows] == list(range(1, EPOCHS + 1))  # no epoch lost, none trained twice
     resumed = [h for h in rows if h["resumed_from_epoch"] >= 0]
     assert resumed, "no epoch came from a restarted worker group"
-    first = resumed[0]
-    assert first["epoch"] == first["resumed_from_epoch"] + 1
-    assert first["resumed_from_epoch"] in (killed_at, killed_at + 1)  # the newest checkpoint on storage
-    saved = next(h for h in rows if h["epoch"] == first["resumed_from_epoch"])["saved_weights_sha256"]
-    assert first["start_weights_sha256"] == saved  # resumed weights, not a fresh model
-    assert rows[0]["start_weights_sha256"] != saved
-    assert f"resuming from the epoch-{first['resumed_from_epoch']} checkpoint" in out
-    # The LR schedule resumed at the right epoch too (warmup is 1 epoch, then linear decay to lrf).
-    for h in rows[1:]:
-        assert h["lr/pg0"] == pytest.approx(0.01 * ((1 - (h["epoch"] - 1) / EPOCHS) * 0.99 + 0.01), rel=1e-6)
+    resumed_from = resumed[0]["resumed_from_epoch"]
+    assert resumed_from in (killed_at, killed_at + 1)  # the newest checkpoint on storage
+    assert f"resuming from the epoch-{resumed_from} checkpoint" in out
+    check_resumed(run_dir, resumed_from, EPOCHS)  # weights, LR schedule, final metrics
     ranks = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
     assert [r["world_rank"] for r in ranks] == [0, 1]
     assert [(r["per_worker_batch"], r["accumulate"]) for r in ranks] == [(8, 2), (8, 2)]
@@ -77,6 +69,4 @@ def test_two_nodes_train_together_and_survive_losing_one(
     assert {r["node_ip"] for r in ranks} == {HEAD_IP, NODE_IP}
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["nodes"] == 2 and summary["epochs_completed"] == EPOCHS
-    assert summary["restarts"] == 1
-    assert all(math.isfinite(summary["final"][k]) and 0 <= summary["final"][k] <= 1 for k in ("mAP50", "mAP50-95"))
+    assert summary["nodes"] == 2 and summary["restarts"] == 1
