@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import yolo_ray
 
-from yolo_ray.bench import BenchSettings, _derive, plan, steady_images_per_s
+from yolo_ray.bench import BenchSettings, _derive, plan, reached, steady_images_per_s, tta_batches
 from yolo_ray.config import ConfigError
 
 
@@ -66,6 +66,21 @@ def test_ratios_scaling_vs_native_and_vs_ceiling() -> None:
     assert rows["yolo_ray-graphs-2gpu"]["ratio_vs_native"] == 2.138  # vs native DDP at the same count
     assert rows["yolo_ray-graphs-2gpu"]["fraction_of_ceiling_per_device"] == 0.855  # the eager ceiling
     assert "speedup_vs_1" not in rows["yolo_ray-graphs-1gpu"] and "ratio_vs_native" not in rows["native-1gpu"]
+
+
+def test_time_to_accuracy_in_both_clocks() -> None:
+    """The first epoch at or above native's mAP counts, timed as the run went (validation included) and by its
+    batch loops alone; each speedup is native's time over ours."""
+    csv = [{"epoch": e, "metrics/mAP50-95(B)": m, "time": 5.0 * e} for e, m in [(1, 0.1), (2, 0.5), (3, 0.8), (4, 0.7)]]
+    history = [{"epoch": e, "train_time_s": 2.0, "val_s": 2.5} for e in range(1, 5)]
+    native = {"s_to_target": 30.0, "loop_s_to_target": 12.0}
+    out = reached(csv, history, 0.75, native)
+    assert out["epoch_reached"] == 3 and out["s_to_target"] == 15.0 and out["loop_s_to_target"] == 6.0
+    assert out["speedup"] == 2.0 and out["loop_speedup"] == 2.0 and out["best_mAP50-95"] == 0.8
+    assert out["val_s_median"] == 2.5
+    assert reached(csv, history, 0.9, native)["epoch_reached"] is None  # never reached: no times, no speedup
+    assert tta_batches(BenchSettings(tta_batch_per_gpu="256,128")) == [256, 128]
+    assert tta_batches(BenchSettings()) == [256]  # throughput mode's batch by default
 
 
 def test_cpu_bench_runs_end_to_end(tmp_path: Path) -> None:

@@ -38,6 +38,8 @@ def test_it_learns(ddp_run: Path) -> None:
     assert summary["final"]["mAP50"] >= 0.5, summary
     assert max(h["mAP50"] for h in history[-5:]) > max(h["mAP50"] for h in history[:5]) + 0.3
     assert history[-1]["train/box_loss"] < history[0]["train/box_loss"]
+    # every epoch validated, and says what that cost: in all, and Ultralytics' per-image phases within it
+    assert all(0 < h["val_ms_per_image/inference"] * 1e-3 < h["val_s"] < h["epoch_time_s"] for h in history)
     assert Path(summary["best_weights"]).is_file() and Path(summary["checkpoint"], "last.pt").is_file()
     assert summary["throughput_images_per_s"] > 0
 
@@ -64,6 +66,9 @@ def test_parity_with_plain_ultralytics(ddp_run: Path, shapes: Path, tmp_path: Pa
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
     native = json.loads((tmp_path / "native" / "summary.json").read_text())["final"]
+    timed = read_jsonl(tmp_path / "native" / "native_epochs.jsonl")  # epochs timed in plain Ultralytics too
+    assert [t["epoch"] for t in timed] == list(range(1, LEARN_EPOCHS + 1))
+    assert all(t["train_s"] > 0 and t["end_s"] > 0 for t in timed)
     ours = json.loads((ddp_run / "summary.json").read_text())["final"]
     print(f"mAP50-95 native {native['mAP50-95']:.4f} vs yolo_ray {ours['mAP50-95']:.4f}")
     assert native["mAP50-95"] > 0.2, "the baseline itself must have learned for the comparison to mean anything"

@@ -222,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="On this machine, same data and settings: native Ultralytics on 1 device and its "
         "DDP on all; yolo_ray with 1 and N workers, with Ultralytics' loader and with its device path (also in "
         "throughput mode); the GPU-only step ceiling; optionally time-to-accuracy. Options: model= imgsz= images= "
-        "epochs= batch_per_gpu= throughput_batch_per_gpu= workers= cache= amp= gpus= only= tta_epochs=.",
+        "epochs= batch_per_gpu= throughput_batch_per_gpu= workers= cache= amp= gpus= gpu_counts= only= tta_epochs= "
+        "tta_factor= tta_batch_per_gpu=.",
     )
     b.add_argument("options", nargs="*", metavar="key=value")
     b.add_argument("--cpu", action="store_true", help="a tiny CPU configuration (CI): proves it runs, no targets")

@@ -28,6 +28,9 @@ def epoch_metrics(trainer: Any, train_seconds: float, resumed_from: int | None) 
     out["epoch_time_s"] = float(trainer.epoch_time or 0.0)
     out["train_time_s"] = float(train_seconds)
     out["images_per_s"] = images / train_seconds if train_seconds > 0 else 0.0
+    if getattr(trainer, "val_seconds", None) is not None:  # Ultralytics' per-image phases, and the whole of it
+        out["val_s"] = float(trainer.val_seconds)
+        out.update({f"val_ms_per_image/{k}": float(v) for k, v in trainer.validator.speed.items()})
     out["world_size"] = int(max(trainer.world_size, 1))
     out["gpu_mem_peak_gib"] = _peak_gpu_gib(trainer)
     out["resumed_from_epoch"] = -1 if resumed_from is None else int(resumed_from)

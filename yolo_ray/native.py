@@ -12,6 +12,39 @@ from yolo_ray.launcher import prepare, ultralytics_overrides
 from yolo_ray.metrics import clean
 
 
+class EpochTimer:
+    """Each epoch's training seconds and end-of-epoch seconds (validation, CSV, last.pt), one JSON line per epoch:
+    what the benchmark needs to compare time to accuracy with and without validation. Its callbacks run in this
+    process only: under Ultralytics' own DDP (device "0,1") the spawned processes never see them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.t_start = 0.0
+        self.t_train_end: float | None = None
+
+    def attach(self, yolo: Any) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.unlink(missing_ok=True)
+        yolo.add_callback("on_train_epoch_start", self._start)
+        yolo.add_callback("on_train_epoch_end", self._train_end)
+        yolo.add_callback("on_fit_epoch_end", self._fit_end)
+
+    def _start(self, trainer: Any) -> None:
+        self.t_start = time.perf_counter()
+
+    def _train_end(self, trainer: Any) -> None:
+        self.t_train_end = time.perf_counter()
+
+    def _fit_end(self, trainer: Any) -> None:
+        if self.t_train_end is None:  # the final evaluation of best.pt, not an epoch
+            return
+        row = {"epoch": trainer.epoch + 1, "train_s": self.t_train_end - self.t_start}
+        row["end_s"] = time.perf_counter() - self.t_train_end
+        self.t_train_end = None
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
     """Train with `ultralytics.YOLO(model).train(...)`; returns a summary like yolo_ray's.
 
@@ -29,6 +62,7 @@ def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
     overrides.pop("model")
     overrides["device"] = device
     yolo = YOLO(model)
+    EpochTimer(run_dir / "native_epochs.jsonl").attach(yolo)
     yolo.train(**overrides)
     metrics = clean(yolo.trainer.metrics or {})
     summary = {

@@ -18,7 +18,11 @@ def append_history(run_dir: Path, metrics: dict[str, Any]) -> None:
 
 
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / HISTORY
+    return read_jsonl(run_dir / HISTORY)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """One dict per line; an absent file reads as no lines."""
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,6 +52,7 @@ class RayDetectionTrainer(DetectionTrainer):
         self.channels_last = channels_last
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.in_final_eval = False
+        self.val_seconds: float | None = None  # this epoch's validation, None when it did not validate
         self.shard_indices: list[int] = []
         super().__init__(overrides=overrides)
         self.world_size = world_size  # global, from Ray
@@ -105,6 +107,14 @@ class RayDetectionTrainer(DetectionTrainer):
         if self.channels_last:
             batch["img"] = batch["img"].contiguous(memory_format=torch.channels_last)
         return batch
+
+    def validate(self) -> tuple[dict | None, float | None]:
+        """Ultralytics' per-epoch validation, timed: with large batches it can cost more than the epoch's training."""
+        started = time.perf_counter()
+        try:
+            return super().validate()
+        finally:
+            self.val_seconds = time.perf_counter() - started
 
     def final_eval(self) -> None:
         self.in_final_eval = True  # callbacks fired here are not a training epoch
