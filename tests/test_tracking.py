@@ -49,6 +49,8 @@ def test_one_run_with_params_metrics_and_artifacts(ddp_run: Path, mlflow_server:
         "val/box_loss",
         "lr/pg0",
         "epoch_time_s",
+        "val_s",
+        "val_ms_per_image/postprocess",
         "images_per_s",
         "gpu_mem_peak_gib",
     ):
