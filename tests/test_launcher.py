@@ -41,6 +41,11 @@ def test_it_learns(ddp_run: Path) -> None:
     # every epoch validated, and says what that cost: in all, and Ultralytics' per-image phases within it
     assert all(0 < h["val_ms_per_image/inference"] * 1e-3 < h["val_s"] < h["epoch_time_s"] for h in history)
     assert Path(summary["best_weights"]).is_file() and Path(summary["checkpoint"], "last.pt").is_file()
+    # the kept epoch checkpoints are copies of last.pt as it was, not links to the file Ultralytics rewrites
+    kept = [c / "last.pt" for c in sorted(ddp_run.glob("checkpoint_*")) if c.is_dir()]
+    assert len(kept) == 2 and all(p.stat().st_nlink == 1 for p in kept)
+    assert kept[0].read_bytes() != kept[1].read_bytes()
+    assert not list((ddp_run / "train" / "weights").glob(".yolo_ray_ckpt_*"))  # staging directories removed
     assert summary["throughput_images_per_s"] > 0
 
 

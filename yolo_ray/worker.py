@@ -139,7 +139,7 @@ class EpochReporter:
 
     def on_train_start(self, trainer: Any) -> None:
         if self.rank == 0:  # the weights this attempt starts from (a resumed one: the checkpoint's)
-            self.start_digest = trainer.parameter_digest()
+            self.start_digest = trainer.parameter_digest(as_saved=True)
 
     def on_train_epoch_start(self, trainer: Any) -> None:
         self.fault.maybe_fail(rank=self.rank, epoch_about_to_start=trainer.epoch + 1, resumed_from=self.resumed_from)
@@ -166,8 +166,8 @@ class EpochReporter:
             )
         metrics = _broadcast(metrics)
         if self.rank == 0 and trainer.last.exists():
-            with tempfile.TemporaryDirectory(prefix="yolo_ray_ckpt_") as tmp:
-                shutil.copy2(trainer.last, Path(tmp) / "last.pt")
+            with tempfile.TemporaryDirectory(prefix=".yolo_ray_ckpt_", dir=trainer.last.parent) as tmp:
+                stage(trainer.last, Path(tmp) / "last.pt")
                 meta = {
                     "epoch": metrics["epoch"],
                     "last_pt_bytes": (Path(tmp) / "last.pt").stat().st_size,
@@ -180,6 +180,16 @@ class EpochReporter:
         if self.rank == 0:  # after the report: history lists only epochs whose checkpoint is persisted
             # report_s: all of yolo_ray's end of epoch (metrics, digest, checkpoint report), not only Ray's call
             append_history(self.run_dir, {**metrics, "report_s": time.perf_counter() - t_fit_end})
+
+
+def stage(last_pt: Path, staged: Path) -> None:
+    """last.pt into the directory handed to Ray as a hard link, not a copy (one ~100 MB write less an epoch for
+    YOLO11m): Ray's report copies the bytes into storage before it returns (pyarrow copy_files), and Ultralytics
+    rewrites last.pt in place only at the next epoch's end, after the staging directory is gone."""
+    try:
+        os.link(last_pt, staged)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(last_pt, staged)
 
 
 def _broadcast(obj: Any) -> Any:
