@@ -52,7 +52,7 @@ class RayDetectionTrainer(DetectionTrainer):
         self.channels_last = channels_last
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.in_final_eval = False
-        self.val_seconds: float | None = None  # this epoch's validation, None when it did not validate
+        self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
         self.shard_indices: list[int] = []
         super().__init__(overrides=overrides)
         self.world_size = world_size  # global, from Ray
@@ -114,7 +114,14 @@ class RayDetectionTrainer(DetectionTrainer):
         try:
             return super().validate()
         finally:
-            self.val_seconds = time.perf_counter() - started
+            self._val_timed = (self.epoch, time.perf_counter() - started)
+
+    @property
+    def val_seconds(self) -> float | None:
+        """This epoch's validation seconds; None when this epoch did not validate."""
+        if self._val_timed is None or self._val_timed[0] != self.epoch:
+            return None
+        return self._val_timed[1]
 
     def final_eval(self) -> None:
         self.in_final_eval = True  # callbacks fired here are not a training epoch

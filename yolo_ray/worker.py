@@ -143,7 +143,6 @@ class EpochReporter:
 
     def on_train_epoch_start(self, trainer: Any) -> None:
         self.fault.maybe_fail(rank=self.rank, epoch_about_to_start=trainer.epoch + 1, resumed_from=self.resumed_from)
-        trainer.val_seconds = None
         self.t_epoch = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Any) -> None:
