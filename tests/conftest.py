@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from yolo_ray.data.synth import SynthSpec, generate
+from yolo_ray.summary import read_jsonl  # the tests' reader of history.jsonl and friends, as the package reads them
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,10 +63,6 @@ def kill_tree(pid: int) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(procs, timeout=30)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def check_resumed(run_dir: Path, resumed_from: int, epochs: int) -> list[dict]:
