@@ -7,6 +7,7 @@ the GPU-only ceiling: the model's own training step on random tensors (no loader
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ class BenchSettings:
     tta_factor: int = 3  # throughput mode may train up to tta_factor x tta_epochs epochs to reach it
     tta_batch_per_gpu: str = ""  # time-to-accuracy's images per device, e.g. "256,128" (default: throughput mode's)
     profile_steps: int = 0  # > 0: yolo_ray variants profile this many steps of epoch 2 (yolo_ray/profiling.py)
+    deterministic: bool = True  # every variant's train.deterministic (false: cuDNN autotuned, its fastest kernels)
 
     @classmethod
     def cpu(cls) -> BenchSettings:
@@ -165,6 +168,7 @@ def _overrides(
         f"train.workers={s.workers}",
         f"train.cache={s.cache}",
         f"train.amp={str(s.amp).lower()}",
+        f"train.deterministic={str(s.deterministic).lower()}",
         f"train.val={str(val_every_epoch).lower()}",
         "train.plots=false",
         "train.close_mosaic=0",
@@ -220,9 +224,43 @@ def run_variant(
     }
 
 
-def step_ceiling(s: BenchSettings, device: str, batch: int, graphs: bool = False) -> dict[str, Any]:
+@contextlib.contextmanager
+def kernel_mode(mode: str) -> Iterator[None]:
+    """The kernel choice a step runs under: `default` (torch's start-up state, the issue's reference ceiling),
+    `deterministic` (Ultralytics' init_seeds for train.deterministic=true, its default: deterministic algorithms and
+    cuDNN kernels) or `autotuned` (deterministic off and cuDNN's autotuner on: yolo_ray with
+    train.deterministic=false). Left as torch starts afterwards."""
+    import torch
+
+    from yolo_ray import ultralytics_env
+
+    ultralytics_env.setup()  # before Ultralytics' first import: offline, no settings written
+    from ultralytics.utils.torch_utils import init_seeds, unset_deterministic
+
+    if mode == "deterministic":
+        init_seeds(0, deterministic=True)
+    torch.backends.cudnn.benchmark = mode == "autotuned"
+    try:
+        yield
+    finally:
+        unset_deterministic()
+        torch.backends.cudnn.benchmark = False
+
+
+def step_ceiling(
+    s: BenchSettings, device: str, batch: int, graphs: bool = False, mode: str = "default"
+) -> dict[str, Any]:
     """images/s of the model's own training step on random data: the GPU limit with no loader (the eager step,
-    the issue's reference; with graphs, the same step with the model's forward/backward as CUDA graph replays)."""
+    the issue's reference; with graphs, the same step with the model's forward/backward as CUDA graph replays),
+    under one kernel_mode."""
+    with kernel_mode(mode):
+        row = _step_ceiling(s, device, batch, graphs)
+    if mode != "default":
+        row["name"] = row["name"].replace(f"-b{batch}", f"-{mode}-b{batch}")
+    return {**row, "kernel_mode": mode}
+
+
+def _step_ceiling(s: BenchSettings, device: str, batch: int, graphs: bool) -> dict[str, Any]:
     import torch
 
     from yolo_ray import ultralytics_env
@@ -352,8 +390,11 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
     out_json.parent.mkdir(parents=True, exist_ok=True)
     for batch in sorted({s.batch_per_gpu, s.throughput_batch_per_gpu} - {0}):  # first: short, and a reference
         results.append(step_ceiling(s, "cpu" if cpu else "cuda:0", batch))
-        if not cpu:
+        if not cpu:  # graphs; and both steps under the variants' kernel mode (train.deterministic)
+            mode = "deterministic" if s.deterministic else "autotuned"
             results.append(step_ceiling(s, "cuda:0", batch, graphs=True))
+            results.append(step_ceiling(s, "cuda:0", batch, mode=mode))
+            results.append(step_ceiling(s, "cuda:0", batch, graphs=True, mode=mode))
     if not cpu:
         torch.cuda.empty_cache()  # the variants run in their own processes: give them this one's cached memory
     for name, args, n, batch in variants:

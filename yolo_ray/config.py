@@ -68,7 +68,7 @@ class TrainConfig:
     cache: bool | Literal["ram", "disk"] = False
     workers: int = 2  # data loader processes per Ray worker
     seed: int = 0
-    deterministic: bool = True
+    deterministic: bool = True  # false: cuDNN autotunes and picks its fastest kernels (not bitwise repeatable)
     close_mosaic: int = 10
     patience: int = 100
     val: bool = True

@@ -54,7 +54,11 @@ class RayDetectionTrainer(DetectionTrainer):
         self.in_final_eval = False
         self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
         self.shard_indices: list[int] = []
-        super().__init__(overrides=overrides)
+        super().__init__(overrides=overrides)  # Ultralytics' init_seeds sets the kernel mode from `deterministic`
+        if not self.args.deterministic and device.type == "cuda":
+            # Ultralytics leaves cuDNN's autotuner off (it breaks AutoBatch, which yolo_ray never uses); training
+            # batches keep one shape, so cuDNN times its kernels once per shape and keeps the fastest
+            torch.backends.cudnn.benchmark = True
         self.world_size = world_size  # global, from Ray
         self.ddp = False  # never spawn torch.distributed.run: Ray owns the processes
 
