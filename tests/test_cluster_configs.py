@@ -16,11 +16,16 @@ CRDS = REPO.parent / "shared" / "kuberay-crds"
 KUBERAY = REPO / "cluster" / "kuberay"
 
 
+SUBSCHEMA_KEYS = ("properties", "patternProperties", "items", "additionalProperties")
+
+
 def _k8s_schema(node: dict) -> dict:
     """OpenAPI v3 (with Kubernetes extensions) -> JSON Schema with the API server's strictness."""
     if not isinstance(node, dict):
         return node
-    out = {k: _k8s_schema(v) if isinstance(v, dict) else v for k, v in node.items()}
+    # sub-schemas below are converted once each, by the loops for their keys (not also here: that doubled the work
+    # at every level of the CRDs' deep nesting)
+    out = {k: _k8s_schema(v) if isinstance(v, dict) and k not in SUBSCHEMA_KEYS else v for k, v in node.items()}
     for key in ("properties", "patternProperties"):
         if key in node:
             out[key] = {k: _k8s_schema(v) for k, v in node[key].items()}
@@ -38,7 +43,10 @@ def _k8s_schema(node: dict) -> dict:
 
 @functools.cache
 def _validator(kind: str) -> jsonschema.Draft7Validator:
-    crd = yaml.safe_load((CRDS / f"ray.io_{kind.lower()}s.yaml").read_text())
+    # libyaml's loader when PyYAML has it: the CRDs are ~1 MB each
+    crd = yaml.load(
+        (CRDS / f"ray.io_{kind.lower()}s.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    )
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     schema = _k8s_schema(version["schema"]["openAPIV3Schema"])
     for field in ("apiVersion", "kind", "metadata"):  # standard object fields the API server handles itself
