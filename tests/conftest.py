@@ -205,7 +205,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
 MODEL_NAME = "shapes-detector"
 
 # The learning run: the shipped smoke experiment as a user runs it (2 gloo workers on the CPU).
-LEARN_EPOCHS = 30
+LEARN_EPOCHS = 20
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from conftest import LEARN_EPOCHS, REPO, read_jsonl, yolo_ray
 
 
@@ -18,7 +17,7 @@ def test_ddp_is_real(ddp_run: Path) -> None:
     assert [r["world_rank"] for r in ranks] == [0, 1]
     assert all(r["world_size"] == 2 and r["env"]["WORLD_SIZE"] == "2" for r in ranks)
     assert all(r["backend"] == "gloo" for r in ranks)
-    # One optimizer, one model: after 30 epochs of DDP the parameters are bit-identical on both ranks.
+    # One optimizer, one model: after every epoch of DDP the parameters are bit-identical on both ranks.
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]
     # Each rank trained on its own half of the data.
     shard0, shard1 = (set(r["shard_indices_epoch0"]) for r in ranks)
@@ -52,9 +51,10 @@ def test_it_learns(ddp_run: Path) -> None:
 # Tolerance: both runs see the same data, epochs, global batch (16), accumulation and LR schedule. They differ in
 # what DDP on CPU cannot share: BatchNorm statistics come from each rank's 8 images instead of 16 (sync-BN is
 # NCCL-only) and the random streams (per-rank seeds, sharded augmentation order) differ. Measured on this 2-core
-# machine: native 0.773 vs yolo_ray 0.701 mAP50-95 (76 val images). On one H200, 1 worker vs native, the two
-# agree to four decimals (benchmarks/results). 0.12 absolute fails a run that learns markedly worse, while
-# tolerating the per-rank BN effect (that ranks train one model is test_ddp_is_real's job).
+# machine (mAP50-95, 76 val images): native 0.597 vs yolo_ray 0.704 after 20 epochs, 0.773 vs 0.701 after 30; on
+# one H200, 1 worker vs native, the two agree to five decimals (benchmarks/results). The claim checked is the
+# issue's "no worse than native": more than 0.12 below it fails a run that learns markedly worse, while tolerating
+# the per-rank BN effect and run-to-run spread (that ranks train one model is test_ddp_is_real's job).
 PARITY_TOLERANCE = 0.12
 
 
@@ -77,13 +77,13 @@ def test_parity_with_plain_ultralytics(ddp_run: Path, shapes: Path, tmp_path: Pa
     ours = json.loads((ddp_run / "summary.json").read_text())["final"]
     print(f"mAP50-95 native {native['mAP50-95']:.4f} vs yolo_ray {ours['mAP50-95']:.4f}")
     assert native["mAP50-95"] > 0.2, "the baseline itself must have learned for the comparison to mean anything"
-    assert ours["mAP50-95"] == pytest.approx(native["mAP50-95"], abs=PARITY_TOLERANCE)
+    assert ours["mAP50-95"] >= native["mAP50-95"] - PARITY_TOLERANCE
 
 
 def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
     """data.loader=device (decode once, batched augmentation on the training device) trains the same experiment
-    as well as Ultralytics' own loader does: same epochs, workers, batch and schedule (measured on this machine:
-    0.796 vs 0.701 mAP50-95)."""
+    as well as Ultralytics' own loader does: same epochs, workers, batch and schedule (measured on this machine,
+    mAP50-95: 0.679 vs 0.704 after 20 epochs, 0.789 vs 0.698 after 30)."""
     proc = yolo_ray(
         "train",
         str(REPO / "experiments" / "smoke.yaml"),
