@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -224,6 +225,46 @@ def ddp_run(shapes: Path, mlflow_server: MlflowServer, tmp_path_factory: pytest.
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
     return storage / "learn"
+
+
+RERUN_EPOCHS, RERUN_FAILS_AFTER = 5, 3
+
+
+@dataclass
+class Rerun:
+    """A run that failed after epoch RERUN_FAILS_AFTER with no retries, then the same command run again."""
+
+    run_dir: Path
+    failed: subprocess.CompletedProcess
+    failed_summary: dict  # summary.json as the failed attempt left it
+    failed_epochs: list[int]  # history.jsonl's epochs as the failed attempt left them
+    resumed: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="session")
+def rerun_after_failure(
+    shapes_small: Path, mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFactory
+) -> Rerun:
+    """run.max_failures=0 and a fault after epoch 3: the run fails; the same command resumes it (driver-level
+    resume). Logged to MLflow and registered under MODEL_NAME: a barely trained version of the learn run's model
+    (test_tracking's promotion check); test_faults checks the recovery."""
+    storage = tmp_path_factory.mktemp("rerun")
+    args = small_run(
+        shapes_small,
+        storage,
+        "rerun",
+        f"train.epochs={RERUN_EPOCHS}",
+        "run.max_failures=0",
+        "tracking.enabled=true",
+        f"tracking.uri={mlflow_server.uri}",
+        f"tracking.model_name={MODEL_NAME}",
+    )
+    run_dir = storage / "rerun"
+    failed = yolo_ray("train", *args, cwd=storage, env={**ENV, "YOLO_RAY_FAIL_AT": f"{RERUN_FAILS_AFTER}:0"})
+    failed_summary = json.loads((run_dir / "summary.json").read_text())
+    failed_epochs = [h["epoch"] for h in read_jsonl(run_dir / "history.jsonl")]
+    resumed = yolo_ray("train", *args, cwd=storage)
+    return Rerun(run_dir, failed, failed_summary, failed_epochs, resumed)
 
 
 # ------------------------------------------------------------------ a real 2-node cluster on one machine

@@ -10,7 +10,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ENV, check_resumed, kill_tree, read_jsonl, small_run, yolo_ray
+from conftest import (
+    ENV,
+    RERUN_EPOCHS,
+    RERUN_FAILS_AFTER,
+    Rerun,
+    check_resumed,
+    kill_tree,
+    read_jsonl,
+    small_run,
+    yolo_ray,
+)
 
 from yolo_ray.faults import FaultPlan, InjectedFault
 
@@ -26,16 +36,14 @@ def test_fault_plan_fails_once() -> None:
     plan.maybe_fail(rank=1, epoch_about_to_start=3, resumed_from=2)  # the resumed attempt goes on
 
 
-def test_failure_without_retries_keeps_checkpoints(shapes_small: Path, tmp_path: Path) -> None:
+def test_failure_without_retries_keeps_checkpoints(rerun_after_failure: Rerun) -> None:
     """max_failures=0: the run fails, loses nothing, and the same command resumes it (driver-level resume)."""
-    args = small_run(shapes_small, tmp_path, "stop", f"train.epochs={EPOCHS}", "run.max_failures=0")
-    failed = yolo_ray("train", *args, cwd=tmp_path, env={**ENV, "YOLO_RAY_FAIL_AT": "3:0"})
-    assert failed.returncode == 1 and "InjectedFault" in failed.stdout
-    assert json.loads((tmp_path / "stop" / "summary.json").read_text())["status"] == "failed"
-    assert [h["epoch"] for h in read_jsonl(tmp_path / "stop" / "history.jsonl")] == [1, 2, 3]
-    resumed = yolo_ray("train", *args, cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stdout[-5000:]
-    check_resumed(tmp_path / "stop", resumed_from=3, epochs=EPOCHS)
+    r = rerun_after_failure
+    assert r.failed.returncode == 1 and "InjectedFault" in r.failed.stdout
+    assert r.failed_summary["status"] == "failed"
+    assert r.failed_epochs == list(range(1, RERUN_FAILS_AFTER + 1))
+    assert r.resumed.returncode == 0, r.resumed.stdout[-5000:]
+    check_resumed(r.run_dir, resumed_from=RERUN_FAILS_AFTER, epochs=RERUN_EPOCHS)
 
 
 def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> None:

@@ -14,7 +14,18 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-from conftest import ENV, LEARN_EPOCHS, MODEL_NAME, MlflowServer, free_port, read_jsonl, small_run, yolo_ray
+from conftest import (
+    ENV,
+    LEARN_EPOCHS,
+    MODEL_NAME,
+    RERUN_EPOCHS,
+    MlflowServer,
+    Rerun,
+    free_port,
+    read_jsonl,
+    small_run,
+    yolo_ray,
+)
 from mlflow import MlflowClient
 
 from yolo_ray.export import ONNX_RTOL, letterbox_batch
@@ -206,28 +217,14 @@ def _wait_for(cond, driver: subprocess.Popen, timeout: float = 600) -> None:
 
 
 @pytest.fixture(scope="module")
-def weak_version(shapes_small: Path, mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A second, barely trained version of the same registered model, made by a run that fails and is re-run."""
-    storage = tmp_path_factory.mktemp("weak")
-    args = small_run(
-        shapes_small,
-        storage,
-        "weak",
-        "train.epochs=3",
-        "tracking.enabled=true",
-        f"tracking.uri={mlflow_server.uri}",
-        f"tracking.model_name={MODEL_NAME}",
-        "run.max_failures=0",
-    )
-    failed = yolo_ray("train", *args, cwd=storage, env={**ENV, "YOLO_RAY_FAIL_AT": "1:0"})
-    assert failed.returncode == 1
-    resumed = yolo_ray("train", *args, cwd=storage)
-    assert resumed.returncode == 0, resumed.stdout[-4000:]
+def weak_version(rerun_after_failure: Rerun, mlflow_server: MlflowServer) -> str:
+    """A second, barely trained version of the same registered model, made by a run that failed and was re-run."""
+    assert rerun_after_failure.resumed.returncode == 0, rerun_after_failure.resumed.stdout[-4000:]
     client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
-    run = _run(client, "weak")  # the failed attempt and the re-run share one MLflow run
+    run = _run(client, "rerun")  # the failed attempt and the re-run share one MLflow run
     assert run.info.status == "FINISHED"
-    assert _steps(client, run.info.run_id, "epoch") == [1, 2, 3]
-    return json.loads((storage / "weak" / "summary.json").read_text())["mlflow"]["model"]["version"]
+    assert _steps(client, run.info.run_id, "epoch") == list(range(1, RERUN_EPOCHS + 1))
+    return json.loads((rerun_after_failure.run_dir / "summary.json").read_text())["mlflow"]["model"]["version"]
 
 
 def test_promote_keeps_the_better_champion(
@@ -238,7 +235,8 @@ def test_promote_keeps_the_better_champion(
     first = next(v.version for v in client.search_model_versions(f"name='{MODEL_NAME}'") if v.run_id == learn_run)
     assert first != weak_version
     # The newest registration took the `candidate` alias.
-    assert client.get_model_version_by_alias(MODEL_NAME, "candidate").version == weak_version
+    newest = max(first, weak_version, key=int)
+    assert client.get_model_version_by_alias(MODEL_NAME, "candidate").version == newest
     uri = ["--tracking-uri", mlflow_server.uri]
     assert yolo_ray("promote", MODEL_NAME, first, *uri, cwd=tmp_path).returncode == 0
     refused = yolo_ray("promote", MODEL_NAME, weak_version, *uri, cwd=tmp_path)
