@@ -49,6 +49,7 @@ class BenchSettings:
     tta_batch_per_gpu: str = ""  # time-to-accuracy's images per device, e.g. "256,128" (default: throughput mode's)
     profile_steps: int = 0  # > 0: yolo_ray variants profile this many steps of epoch 2 (yolo_ray/profiling.py)
     deterministic: bool = True  # every variant's train.deterministic (false: cuDNN autotuned, its fastest kernels)
+    cpus_per_worker: float = 0  # yolo_ray's Ray workers (0: this machine's CPUs shared among them, as native has them)
 
     @classmethod
     def cpu(cls) -> BenchSettings:
@@ -174,6 +175,7 @@ def _overrides(
         "train.close_mosaic=0",
         "tracking.enabled=false",
         f"scaling.num_workers={workers}",
+        f"scaling.cpus_per_worker={s.cpus_per_worker or max(1, ((os.cpu_count() or 1) - 1) // workers)}",
         f"run.storage_path={s.out_dir}",
         f"run.name={name}",
     ]
