@@ -9,7 +9,21 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ENV, HEAD_IP, NODE_IP, check_resumed, kill_node, read_jsonl, small_run, start_node, yolo_ray
+from conftest import (
+    ENV,
+    HEAD_IP,
+    NODE_IP,
+    REPO,
+    check_resumed,
+    kill_node,
+    read_jsonl,
+    small_run,
+    start_node,
+    yolo_ray,
+)
+
+from yolo_ray import config
+from yolo_ray.ray_cluster import auto_cpus_per_worker
 
 EPOCHS = 4
 
@@ -70,3 +84,20 @@ def test_two_nodes_train_together_and_survive_losing_one(
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["nodes"] == 2 and summary["restarts"] == 1
+
+
+def _node(cpus: float, gpus: float = 0) -> dict:
+    """A node as ray.nodes() describes it (only what the sizing reads)."""
+    return {"Alive": True, "Resources": {"CPU": cpus, **({"GPU": gpus} if gpus else {})}}
+
+
+def test_auto_cpus_per_worker() -> None:
+    """A GPU worker reserves its loader processes and the training process (whose torch threads Ray sets to it),
+    within its GPU's share of the smallest GPU node; CPU workers keep 1."""
+    cfg = config.load(REPO / "experiments" / "throughput-h200.yaml", ["train.workers=8"])
+    assert config.load(REPO / "experiments" / "throughput-h200.yaml", []).scaling.cpus_per_worker == "auto"
+    assert auto_cpus_per_worker(cfg, True, [_node(16, 1)]) == 9  # 8 loader processes + the training process
+    assert auto_cpus_per_worker(cfg, True, [_node(8), _node(32, 4), _node(64, 4)]) == 7  # (32 - 1) // 4; CPU head
+    assert auto_cpus_per_worker(cfg, True, [_node(4, 4)]) == 1
+    assert auto_cpus_per_worker(cfg, True, []) == 9  # an autoscaling cluster with no GPU node yet
+    assert auto_cpus_per_worker(cfg, False, [_node(2)]) == 1

@@ -80,7 +80,8 @@ class TrainConfig:
 class ScalingSection:
     num_workers: int | Literal["auto"] = "auto"  # auto: one per GPU in the cluster, else 2
     use_gpu: bool | Literal["auto"] = "auto"  # auto: GPUs when the cluster has them
-    cpus_per_worker: float = 1.0
+    # auto: a GPU worker reserves its loader processes + 1 (yolo_ray/ray_cluster.py auto_cpus_per_worker); CPU ones 1
+    cpus_per_worker: float | Literal["auto"] = "auto"
     gpus_per_worker: float = 1.0
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     autoscaling: bool = False  # true: an autoscaler may add nodes, so skip the "cluster can never fit it" check
@@ -383,8 +384,8 @@ def check_static(cfg: ExperimentConfig) -> None:
                 "set scaling.num_workers to 1 or more, or `auto`.",
             )
         check_batch_divides(cfg, sc.num_workers)
-    if sc.cpus_per_worker <= 0:
-        raise ConfigError(s, "scaling.cpus_per_worker", "must be > 0.", "set it to 1 or more.")
+    if sc.cpus_per_worker != "auto" and sc.cpus_per_worker <= 0:
+        raise ConfigError(s, "scaling.cpus_per_worker", "must be > 0.", "set it to 1 or more, or `auto`.")
     if r.checkpoints_to_keep < 1:
         raise ConfigError(
             s, "run.checkpoints_to_keep", "must be >= 1 to resume after a failure.", "set it to 1 or more."
