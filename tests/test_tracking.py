@@ -50,6 +50,7 @@ def test_one_run_with_params_metrics_and_artifacts(ddp_run: Path, mlflow_server:
     p = run.data.params
     assert p["train.batch"] == "16" and p["train.epochs"] == str(LEARN_EPOCHS) and p["model"] == "yolo11n.yaml"
     assert p["scaling.world_size"] == "2" and p["train.per_worker_batch"] == "8" and p["scaling.nodes"] == "1"
+    assert p["scaling.cpus_reserved_per_worker"] == "1.0"  # what Ray reserved (the config may say `auto`)
     assert run.data.tags["version.ultralytics"] and run.data.tags["version.ray"] and run.data.tags["version.torch"]
     for metric in (
         "mAP50",

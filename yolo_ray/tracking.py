@@ -182,6 +182,7 @@ class Tracker:
                 "scaling.nodes": nodes,
                 "scaling.use_gpu": scaling.use_gpu,
                 "scaling.gpus_per_node": scaling.gpus_per_worker * scaling.num_workers / max(nodes, 1),
+                "scaling.cpus_reserved_per_worker": scaling.cpus_per_worker,  # `auto` resolved
                 "train.per_worker_batch": self.cfg.train.batch // scaling.num_workers,
                 "train.effective_batch": self.cfg.train.batch * (self.cfg.train.accumulate or 1),
             }
