@@ -257,9 +257,8 @@ def step_ceiling(
     under one kernel_mode."""
     with kernel_mode(mode):
         row = _step_ceiling(s, device, batch, graphs)
-    if mode != "default":
-        row["name"] = row["name"].replace(f"-b{batch}", f"-{mode}-b{batch}")
-    return {**row, "kernel_mode": mode}
+    kind = ("graphs-" if graphs else "") + ("" if mode == "default" else f"{mode}-")
+    return {"name": f"{device.split(':')[0]}-step-ceiling-{kind}b{batch}", **row, "kernel_mode": mode}
 
 
 def _step_ceiling(s: BenchSettings, device: str, batch: int, graphs: bool) -> dict[str, Any]:
@@ -316,7 +315,6 @@ def _step_ceiling(s: BenchSettings, device: str, batch: int, graphs: bool) -> di
     dt = time.perf_counter() - t0
     mem = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None
     return {
-        "name": f"{dev.type}-step-ceiling-{'graphs-' if graphs else ''}b{b}",
         "gpus": 1,
         "images_per_s": round(b * s.ceiling_steps / dt, 1),
         "peak_gpu_mem_gib": mem and round(mem, 2),
