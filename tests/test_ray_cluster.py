@@ -22,7 +22,7 @@ from conftest import (
     yolo_ray,
 )
 
-from yolo_ray import config
+from yolo_ray import config, sweep
 from yolo_ray.ray_cluster import auto_cpus_per_worker
 
 EPOCHS = 4
@@ -101,3 +101,11 @@ def test_auto_cpus_per_worker() -> None:
     assert auto_cpus_per_worker(cfg, True, [_node(4, 4)]) == 1
     assert auto_cpus_per_worker(cfg, True, []) == 9  # an autoscaling cluster with no GPU node yet
     assert auto_cpus_per_worker(cfg, False, [_node(2)]) == 1
+    # tune trials: a 0.25-GPU trial worker gets a quarter of its GPU's share; trials without a GPU get 1
+    assert auto_cpus_per_worker(cfg, True, [_node(16, 1)], gpus_per_worker=0.25) == 3  # (16 - 1) * 0.25
+    assert auto_cpus_per_worker(cfg, True, [_node(16, 1)], gpus_per_worker=0) == 1
+    assert cfg.tune.trial.cpus_per_worker == "auto"
+    resolved = sweep.resolve_trial_cpus(config.apply(cfg, {"tune.trial.gpus_per_worker": 0.5}), True, [_node(16, 1)])
+    assert resolved.tune.trial.cpus_per_worker == 7  # what every trial reserves and max_concurrent divides by
+    assert sweep.trial_config(resolved, {}, "t0", REPO).scaling.cpus_per_worker == 7
+    assert sweep.resolve_trial_cpus(cfg, False, [_node(2)]).tune.trial.cpus_per_worker == 1

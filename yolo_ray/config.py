@@ -114,7 +114,8 @@ class TrackingSection:
 @dataclass
 class TrialScaling:
     num_workers: int = 1
-    cpus_per_worker: float = 1.0
+    # auto: as scaling.cpus_per_worker, within the trial's GPU fraction of its node (0.25 GPU: a quarter of its CPUs)
+    cpus_per_worker: float | Literal["auto"] = "auto"
     gpus_per_worker: float = 1.0  # a fraction (e.g. 0.25) lets several single-worker trials share one GPU
 
 
@@ -384,8 +385,12 @@ def check_static(cfg: ExperimentConfig) -> None:
                 "set scaling.num_workers to 1 or more, or `auto`.",
             )
         check_batch_divides(cfg, sc.num_workers)
-    if sc.cpus_per_worker != "auto" and sc.cpus_per_worker <= 0:
-        raise ConfigError(s, "scaling.cpus_per_worker", "must be > 0.", "set it to 1 or more, or `auto`.")
+    for key, cpus in (
+        ("scaling.cpus_per_worker", sc.cpus_per_worker),
+        ("tune.trial.cpus_per_worker", cfg.tune.trial.cpus_per_worker),
+    ):
+        if cpus != "auto" and cpus <= 0:
+            raise ConfigError(s, key, "must be > 0.", "set it to 1 or more, or `auto`.")
     if r.checkpoints_to_keep < 1:
         raise ConfigError(
             s, "run.checkpoints_to_keep", "must be >= 1 to resume after a failure.", "set it to 1 or more."

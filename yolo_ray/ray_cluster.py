@@ -38,18 +38,18 @@ def connect(address: str | None) -> str:
     return "local"
 
 
-def _nodes() -> list[dict]:
+def alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
 def node_count() -> int:
-    return len(_nodes())
+    return len(alive_nodes())
 
 
 def resolve(cfg: ExperimentConfig) -> Scaling:
     """Turn `auto` into numbers and refuse a worker group this cluster can never place (before any GPU is taken)."""
     sc, src = cfg.scaling, cfg.source
-    nodes = _nodes()
+    nodes = alive_nodes()
     total_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
     use_gpu = total_gpus > 0 if sc.use_gpu == "auto" else bool(sc.use_gpu)
     check_gpu_only(cfg, use_gpu, "this run trains on CPUs")
@@ -73,16 +73,21 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
     return scaling
 
 
-def auto_cpus_per_worker(cfg: ExperimentConfig, use_gpu: bool, nodes: list[dict]) -> float:
-    """`scaling.cpus_per_worker: auto`. A GPU worker gets its loader processes plus one for the training process,
-    within each GPU's share of the smallest GPU node (one CPU of each node left to Ray's own actors). It matters
-    beyond scheduling: Ray sets a worker's torch threads to its CPUs, and with 1 the training process's own CPU work
-    ran on one thread (Ultralytics' loader on an H200: 524 images/s against 641 with the node's CPUs, native 613).
+def auto_cpus_per_worker(
+    cfg: ExperimentConfig, use_gpu: bool, nodes: list[dict], gpus_per_worker: float = 1.0
+) -> float:
+    """`scaling.cpus_per_worker: auto` (and `tune.trial.cpus_per_worker: auto`). A GPU worker gets its loader processes
+    plus one for the training process, within its GPUs' share of the smallest GPU node (one CPU of each node left to
+    Ray's own actors; a 0.25-GPU trial worker gets a quarter of a GPU's share). It matters beyond scheduling: Ray sets
+    a worker's torch threads to its CPUs, and with 1 the training process's own CPU work ran on one thread
+    (Ultralytics' loader on an H200: 524 images/s against 641 with the node's CPUs, native 613).
     CPU workers (gloo) get 1: there the two ranks' compute is the CPU."""
-    if not use_gpu:
+    if not use_gpu or gpus_per_worker <= 0:
         return 1.0
     shares = [
-        (n["Resources"].get("CPU", 0) - 1) // n["Resources"]["GPU"] for n in nodes if n["Resources"].get("GPU", 0) >= 1
+        int((n["Resources"].get("CPU", 0) - 1) * gpus_per_worker // n["Resources"]["GPU"])
+        for n in nodes
+        if n["Resources"].get("GPU", 0) >= 1
     ]
     return float(max(1, min([cfg.train.workers + 1, *shares])))
 

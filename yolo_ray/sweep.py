@@ -160,6 +160,17 @@ def _trainable(sampled: dict[str, Any], base: dict, source: str, sweep_dir: str)
     launcher.train(cfg, callbacks=[TuneReportCallback()])
 
 
+def resolve_trial_cpus(cfg: ExperimentConfig, use_gpu: bool, nodes: list[dict]) -> ExperimentConfig:
+    """`tune.trial.cpus_per_worker: auto` as a number, once, on the driver: every trial and the concurrency use it."""
+    from yolo_ray import ray_cluster
+
+    tr = cfg.tune.trial
+    if tr.cpus_per_worker != "auto":
+        return cfg
+    cpus = ray_cluster.auto_cpus_per_worker(cfg, use_gpu, nodes, tr.gpus_per_worker)
+    return config_mod.apply(cfg, {"tune.trial.cpus_per_worker": cpus})
+
+
 def max_concurrent(cfg: ExperimentConfig, use_gpu: bool) -> int:
     """Trials the cluster fits at once (Tune does not count the resources of the Train workers inside a trial)."""
     import ray
@@ -198,6 +209,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         tracking.check_reachable(cfg, uri)
     ray_cluster.connect(cfg.run.ray_address)
     use_gpu = bool(cfg.scaling.use_gpu) if cfg.scaling.use_gpu != "auto" else ray.cluster_resources().get("GPU", 0) > 0
+    cfg = resolve_trial_cpus(cfg, use_gpu, ray_cluster.alive_nodes())
     base = config_mod.apply(cfg, {"scaling.use_gpu": use_gpu, "data.path": cfg.data.path})
     concurrent = max_concurrent(cfg, use_gpu)
     sweep_dir.mkdir(parents=True, exist_ok=True)
