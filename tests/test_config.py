@@ -54,6 +54,8 @@ def test_coco_recipe_is_the_4gpu_recipe() -> None:
         (["data.loader=device", "train.extra.mixup=0.2"], "train.extra.mixup", "data.loader: ultralytics"),
         (["data.loader=device", "train.extra.multi_scale=0.5"], "train.extra.multi_scale", "image shapes"),
         (["data.loader=gpu"], "data.loader", "'device'"),
+        (["data.device_cache=sharded"], "data.device_cache", "data.loader: device"),
+        (["data.loader=device", "data.device_cache=split"], "data.device_cache", "'sharded'"),
         (["train.sync_bn=true", "scaling.use_gpu=false"], "train.sync_bn", "needs GPUs"),
         (["train.cuda_graphs=true", "scaling.use_gpu=false"], "train.cuda_graphs", "needs GPUs"),
         (["train.cuda_graphs=true", "train.sync_bn=true"], "train.cuda_graphs", "SyncBatchNorm"),

@@ -46,6 +46,9 @@ class DataConfig:
     # ultralytics: its DataLoader (CPU decode + augmentation in loader processes);
     # device: images decoded once into device memory, whole batches augmented there (yolo_ray/data/device_loader.py)
     loader: Literal["ultralytics", "device"] = "ultralytics"
+    # device loader only. replicated: every worker holds all images (reshuffled across workers each epoch);
+    # sharded: each holds a fixed 1/num_workers of them (N workers hold N times more); auto: replicated if that fits
+    device_cache: Literal["auto", "replicated", "sharded"] = "auto"
 
 
 @dataclass
@@ -481,6 +484,13 @@ def check_cuda_graphs(cfg: ExperimentConfig) -> None:
 
 def check_device_loader(cfg: ExperimentConfig) -> None:
     if cfg.data.loader != "device":
+        if cfg.data.device_cache != "auto":
+            raise ConfigError(
+                cfg.source,
+                "data.device_cache",
+                f"is {cfg.data.device_cache}, but data.loader is {cfg.data.loader}: only the device loader caches.",
+                "set data.loader: device, or remove data.device_cache.",
+            )
         return
     for key, what in DEVICE_LOADER_UNSUPPORTED.items():
         if cfg.train.extra.get(key):

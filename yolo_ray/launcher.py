@@ -139,6 +139,7 @@ def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: s
             "run_dir": str(run_dir),
             "sync_bn": cfg.train.sync_bn,
             "loader": cfg.data.loader,
+            "device_cache": cfg.data.device_cache,
             "channels_last": cfg.train.channels_last,
             "cuda_graphs": cfg.train.cuda_graphs,
             "profile_steps": cfg.run.profile_steps,

@@ -43,12 +43,14 @@ class RayDetectionTrainer(DetectionTrainer):
         world_size: int,
         sync_bn: bool = False,
         loader: str = "ultralytics",
+        device_cache: str = "auto",
         channels_last: bool = False,
         cuda_graphs: bool = False,
     ):
         self.ray_device = device
         self.sync_bn = sync_bn
         self.loader = loader
+        self.device_cache = device_cache
         self.channels_last = channels_last
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.in_final_eval = False
@@ -88,12 +90,29 @@ class RayDetectionTrainer(DetectionTrainer):
         # the device cache replaces Ultralytics' RAM/disk cache; labels *.cache are written once per node
         with torch_distributed_zero_first(rank), override_configs(self.args, overrides={"cache": False}):
             dataset = self.build_dataset(dataset_path, "train", batch_size)
-        cache = device_loader.DeviceCache.build(dataset, self.args.imgsz, self.device, device_loader.decode_threads())
-        grank = dist.get_rank() if dist.is_initialized() else 0
+        grank, world = (dist.get_rank() if dist.is_initialized() else 0), max(self.world_size, 1)
+        ids = None  # replicated: every image
+        if self._sharded_cache(len(dataset)):
+            ids = device_loader.shard_ids(len(dataset), grank, world, self.args.seed)
+        threads = device_loader.decode_threads()
+        cache = device_loader.DeviceCache.build(dataset, self.args.imgsz, self.device, threads, ids=ids)
         hyp = device_loader.AugmentHyp.from_args(self.args)
-        return device_loader.DeviceLoader(
-            dataset, cache, batch_size, grank, max(self.world_size, 1), hyp, self.args.seed
-        )
+        return device_loader.DeviceLoader(dataset, cache, batch_size, grank, world, hyp, self.args.seed)
+
+    def _sharded_cache(self, images: int) -> bool:
+        """data.device_cache: `auto` shards only when a full copy does not fit on every rank; all ranks agree (a
+        mixed group would sample overlapping images)."""
+        from yolo_ray.data import device_loader
+
+        if self.device_cache != "auto" or self.world_size <= 1:
+            return self.device_cache == "sharded"
+        fits = torch.tensor([int(device_loader.fits(images, self.args.imgsz, self.device))], device=self.device)
+        if dist.is_initialized():
+            dist.all_reduce(fits, op=dist.ReduceOp.MIN)
+        sharded = not bool(fits.item())
+        if sharded and dist.get_rank() == 0:
+            print(f"[yolo_ray] data.device_cache=auto: {images} images do not fit on every rank: sharded", flush=True)
+        return sharded
 
     def _close_dataloader_mosaic(self) -> None:
         if hasattr(self.train_loader, "close_mosaic"):

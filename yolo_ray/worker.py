@@ -58,6 +58,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             world_size=world_size,
             sync_bn=config["sync_bn"],
             loader=config["loader"],
+            device_cache=config.get("device_cache", "auto"),
             channels_last=config["channels_last"],
             cuda_graphs=config["cuda_graphs"],
         )
@@ -221,6 +222,7 @@ def write_rank_record(trainer: Any, run_dir: Path, ctx: Any, device: torch.devic
         "per_worker_batch": trainer.batch_size // max(trainer.world_size, 1),
         "accumulate": trainer.accumulate,
         "shard_indices_epoch0": trainer.shard_indices,
+        "cached_images": len(trainer.train_loader.cache) if hasattr(trainer.train_loader, "cache") else None,
     }
     out = run_dir / "ranks"
     out.mkdir(parents=True, exist_ok=True)

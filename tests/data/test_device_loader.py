@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ultralytics_train_dataset
 
-from yolo_ray.data.device_loader import AugmentHyp, DeviceCache, DeviceLoader, augment_batch
+from yolo_ray.data.device_loader import AugmentHyp, DeviceCache, DeviceLoader, augment_batch, shard_ids
 from yolo_ray.data.synth import SynthSpec, generate
 
 IMGSZ = 128
@@ -128,4 +128,43 @@ def test_a_cache_that_cannot_fit_fails_before_allocating() -> None:
     with pytest.raises(RuntimeError) as err:
         _check_fits(too_many, 640, torch.device("cpu"))
     assert "data.loader: ultralytics" in str(err.value) and "train.imgsz" in str(err.value)
+    assert "data.device_cache: sharded" in str(err.value)
+    with pytest.raises(RuntimeError, match="more workers"):  # already sharded: the shard itself is too large
+        _check_fits(too_many, 640, torch.device("cpu"), sharded=True)
     _check_fits(100, 640, torch.device("cpu"))  # 117 MiB fits
+
+
+@pytest.mark.parametrize(("n", "world"), [(120, 2), (121, 2), (121, 3)])
+def test_shards_are_disjoint_equal_and_cover_the_data(n: int, world: int) -> None:
+    """data.device_cache=sharded: every image on some rank, no image on two (but the wrap-around padding), and
+    every rank as many images, so that every rank steps as often."""
+    shards = [shard_ids(n, rank, world, seed=0) for rank in range(world)]
+    assert len({len(s) for s in shards}) == 1 and len(shards[0]) == -(-n // world)
+    assert set().union(*shards) == set(range(n))
+    assert sum(len(s) for s in shards) - n == (-n) % world  # the padding, nothing more
+    assert shard_ids(n, 0, world, seed=0) == shards[0] and shard_ids(n, 0, world, seed=1) != shards[0]
+
+
+def test_sharded_cache_holds_its_share_and_samples_only_it(shapes_dir: Path) -> None:
+    """A rank's sharded cache is exactly the replicated cache's rows for its images; its loader serves only those
+    images, each once an epoch, reshuffled between epochs and replayed for the same epoch."""
+    args, ds = ultralytics_train_dataset(shapes_dir, IMGSZ)
+    full = DeviceCache.build(ds, IMGSZ, torch.device("cpu"), threads=2)
+    hyp = AugmentHyp.from_args(args)
+    seen: list[set[int]] = []
+    for rank in (0, 1):
+        ids = shard_ids(len(ds), rank, 2, seed=0)
+        part = DeviceCache.build(ds, IMGSZ, torch.device("cpu"), threads=2, ids=ids)
+        assert len(part) == len(ds) // 2
+        assert torch.equal(part.images, full.images[ids]) and torch.equal(
+            part.boxes, full.boxes[ids][:, : part.boxes.shape[1]]
+        )
+        loader = DeviceLoader(ds, part, 8, rank, 2, AugmentHyp(**vars(hyp)), seed=0)
+        loader.sampler.set_epoch(2)
+        files = [f for b in loader for f in b["im_file"]]
+        assert sorted(files) == sorted(ds.im_files[i] for i in ids)  # its images, each once
+        assert [f for b in loader for f in b["im_file"]] == files  # the same epoch replays
+        loader.sampler.set_epoch(3)
+        assert [f for b in loader for f in b["im_file"]] != files
+        seen.append(set(loader.sampler))
+    assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == len(ds)

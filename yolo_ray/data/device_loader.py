@@ -11,7 +11,8 @@ ops; the pixels in one fused Triton kernel on CUDA, augment_kernel.py, or as tor
 The random parameters follow Ultralytics' distributions (Mosaic centre, RandomPerspective._compute_affine_matrix,
 RandomHSV, RandomFlip) and boxes go through its filters (clip, zero-area removal, box_candidates). Not reproduced:
 perspective, mixup, cutmix, copy_paste (config.check_static refuses them with this loader) and the optional
-albumentations blur/CLAHE. Memory: images x imgsz^2 x 3 bytes per worker.
+albumentations blur/CLAHE. Memory: images x imgsz^2 x 3 bytes per worker (data.device_cache: sharded divides it by
+the workers).
 """
 
 from __future__ import annotations
@@ -52,16 +53,24 @@ class AugmentHyp:
 
 
 class DeviceCache:
-    """Every training image decoded once: uint8 RGB, top-left aligned in an imgsz x imgsz slot, plus its boxes."""
+    """Training images decoded once: uint8 RGB, top-left aligned in an imgsz x imgsz slot, plus their boxes. Row i
+    holds dataset image ids[i] (a sharded cache: this rank's share) or image i (ids None: all of them)."""
 
     def __init__(
-        self, images: torch.Tensor, hw: torch.Tensor, boxes: torch.Tensor, cls: torch.Tensor, valid: torch.Tensor
+        self,
+        images: torch.Tensor,
+        hw: torch.Tensor,
+        boxes: torch.Tensor,
+        cls: torch.Tensor,
+        valid: torch.Tensor,
+        ids: list[int] | None = None,
     ):
         self.images = images  # [N, S, S, 3] uint8
         self.hw = hw  # [N, 2] resized (h, w)
         self.boxes = boxes  # [N, K, 4] xyxy pixels of the resized image
         self.cls = cls  # [N, K]
         self.valid = valid  # [N, K] bool: padding rows are False
+        self.ids = ids
         self.size = images.shape[1]
 
     def __len__(self) -> int:
@@ -79,44 +88,95 @@ class DeviceCache:
         return images * imgsz * imgsz * 3
 
     @classmethod
-    def build(cls, dataset: Any, imgsz: int, device: torch.device, threads: int, chunk: int = 256) -> DeviceCache:
-        """Decode with the dataset's load_image in threads (cv2 releases the GIL), a chunk at a time onto device."""
-        n = len(dataset)
-        _check_fits(n, imgsz, device)
+    def build(
+        cls,
+        dataset: Any,
+        imgsz: int,
+        device: torch.device,
+        threads: int,
+        chunk: int = 256,
+        ids: list[int] | None = None,
+    ) -> DeviceCache:
+        """Decode with the dataset's load_image in threads (cv2 releases the GIL), a chunk at a time onto device;
+        ids: only those images (a shard), in that order."""
+        rows = list(range(len(dataset))) if ids is None else list(ids)
+        n = len(rows)
+        _check_fits(n, imgsz, device, sharded=ids is not None)
         images = torch.full((n, imgsz, imgsz, 3), int(PAD), dtype=torch.uint8, device=device)
         hw = torch.zeros(n, 2, dtype=torch.float32)
         dataset.augment = False  # no mosaic buffer: load_image then keeps nothing
         staging = torch.empty((chunk, imgsz, imgsz, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
 
-        def load(i: int, slot: int) -> None:
-            im, _, (h, w) = dataset.load_image(i)
+        def load(row: int, slot: int) -> None:
+            im, _, (h, w) = dataset.load_image(rows[row])
             staging[slot, :h, :w] = torch.from_numpy(np.ascontiguousarray(im[..., ::-1]))  # BGR -> RGB
-            hw[i] = torch.tensor([h, w])
+            hw[row] = torch.tensor([h, w])
 
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             for start in range(0, n, chunk):
-                ids = range(start, min(n, start + chunk))
+                part = range(start, min(n, start + chunk))
                 staging.fill_(int(PAD))
-                list(pool.map(load, ids, range(len(ids))))
-                images[start : start + len(ids)].copy_(staging[: len(ids)], non_blocking=False)
-        boxes, classes, valid = _label_tensors(dataset.labels, hw)
-        return cls(images, hw.to(device), boxes.to(device), classes.to(device), valid.to(device))
+                list(pool.map(load, part, range(len(part))))
+                images[start : start + len(part)].copy_(staging[: len(part)], non_blocking=False)
+        boxes, classes, valid = _label_tensors([dataset.labels[i] for i in rows], hw)
+        return cls(images, hw.to(device), boxes.to(device), classes.to(device), valid.to(device), ids)
 
 
-def _check_fits(n: int, imgsz: int, device: torch.device) -> None:
-    need = DeviceCache.nbytes(n, imgsz)
+CACHE_SHARE = 0.6  # of the device's free memory that the decoded images may take (the rest: model, activations)
+
+
+def _free_bytes(device: torch.device) -> int:
     if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        import psutil
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
 
-        free = psutil.virtual_memory().available
-    if need > 0.6 * free:
+    return psutil.virtual_memory().available
+
+
+def fits(n: int, imgsz: int, device: torch.device) -> bool:
+    """Would n decoded images fit in this device's share for the cache?"""
+    return DeviceCache.nbytes(n, imgsz) <= CACHE_SHARE * _free_bytes(device)
+
+
+def _check_fits(n: int, imgsz: int, device: torch.device, sharded: bool = False) -> None:
+    need, free = DeviceCache.nbytes(n, imgsz), _free_bytes(device)
+    if need > CACHE_SHARE * free:
+        more = "more workers (each holds 1/num_workers of the images)" if sharded else "data.device_cache: sharded"
         raise RuntimeError(
             f"data.loader=device: the {n} decoded training images at imgsz={imgsz} need {need / 2**30:.1f} GiB on "
-            f"{device}, but only {free / 2**30:.1f} GiB is free (the cache may take 60%). Fix: set data.loader: "
-            "ultralytics, lower train.imgsz, or train on a subset (train.extra.fraction)."
+            f"{device}, but only {free / 2**30:.1f} GiB is free (the cache may take {CACHE_SHARE:.0%}). Fix: {more}, "
+            "data.loader: ultralytics, a lower train.imgsz, or a subset (train.extra.fraction)."
         )
+
+
+def shard_ids(n: int, rank: int, world_size: int, seed: int) -> list[int]:
+    """This rank's images in a sharded cache: a seeded permutation of all n, padded by wrapping to a multiple of
+    world_size as DistributedSampler pads (every rank then has as many batches), every world_size-th from rank.
+    Disjoint across ranks apart from the padding; together, every image."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    perm += perm[: (-n) % world_size]
+    return perm[rank::world_size]
+
+
+class ShardSampler:
+    """What DistributedSampler is to a replicated cache, for a sharded one: this rank's fixed shard, reshuffled each
+    epoch (seeded by seed and epoch). Iterates dataset image ids; rows() gives the same order as cache rows."""
+
+    def __init__(self, ids: list[int], seed: int):
+        self.ids, self.seed, self.epoch = ids, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def rows(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(len(self.ids), generator=g).tolist()
+
+    def __iter__(self) -> Any:
+        return iter([self.ids[r] for r in self.rows()])
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 def _label_tensors(labels: list[dict], hw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -324,8 +384,9 @@ class DeviceLoader:
     """What Ultralytics' trainer uses of its train DataLoader (len, iteration, dataset, sampler, batch_size,
     drop_last, num_workers, reset, close), serving augmented batches already on the device.
 
-    Each rank takes its DistributedSampler shard; the augmentation stream is seeded by (seed, epoch, rank), so a
-    resumed epoch sees the same images and the same augmentations.
+    Each rank takes its DistributedSampler shard of a replicated cache, or its own images of a sharded one (mosaic
+    partners then come from the shard too); the augmentation stream is seeded by (seed, epoch, rank), so a resumed
+    epoch sees the same images and the same augmentations.
     """
 
     num_workers = 0
@@ -336,15 +397,20 @@ class DeviceLoader:
     ):
         self.dataset, self.cache, self.batch_size, self.hyp = dataset, cache, batch_size, hyp
         self.rank, self.seed = rank, seed
-        self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        self.sampler: DistributedSampler | ShardSampler = (
+            DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+            if cache.ids is None
+            else ShardSampler(cache.ids, seed)
+        )
 
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
 
     def __iter__(self) -> Any:
         dev = self.cache.images.device
-        order = list(self.sampler)
-        on_device = torch.tensor(order, dtype=torch.long, device=dev)
+        order = list(self.sampler)  # dataset image ids
+        rows = order if isinstance(self.sampler, DistributedSampler) else self.sampler.rows()  # cache rows
+        on_device = torch.tensor(rows, dtype=torch.long, device=dev)
         g = torch.Generator(device=dev)
         g.manual_seed(self.seed * 1_000_003 + self.sampler.epoch * 1009 + self.rank)
         for start in range(0, len(order), self.batch_size):
