@@ -263,6 +263,10 @@ def rerun_after_failure(
     failed = yolo_ray("train", *args, cwd=storage, env={**ENV, "YOLO_RAY_FAIL_AT": f"{RERUN_FAILS_AFTER}:0"})
     failed_summary = json.loads((run_dir / "summary.json").read_text())
     failed_epochs = [h["epoch"] for h in read_jsonl(run_dir / "history.jsonl")]
+    # what a worker killed inside a checkpoint report leaves: its staging directory (last.pt linked, no meta.json)
+    stale = run_dir / "train" / "weights" / ".yolo_ray_ckpt_killed"
+    stale.mkdir()
+    os.link(run_dir / "train" / "weights" / "last.pt", stale / "last.pt")
     resumed = yolo_ray("train", *args, cwd=storage)
     return Rerun(run_dir, failed, failed_summary, failed_epochs, resumed)
 

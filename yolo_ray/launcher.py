@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from yolo_ray import run_lock
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.data import checks
 from yolo_ray.summary import write_summary
@@ -101,7 +102,21 @@ def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: s
     if done.exists() and json.loads(done.read_text()).get("status") == "finished":
         print(f"[yolo_ray] run {cfg.run.name} already finished: {done} (choose a new run.name to train again)")
         return json.loads(done.read_text())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock.hold(run_dir, cfg.source):  # before Ray: a second driver of this run fails here
+        return _fit(cfg, model, data_yaml, run_dir, started, callbacks, parent_run_id)
 
+
+def _fit(
+    cfg: ExperimentConfig,
+    model: str,
+    data_yaml: Path,
+    run_dir: Path,
+    started: float,
+    callbacks: list | None,
+    parent_run_id: str | None,
+) -> dict[str, Any]:
+    """Connect to Ray, start MLflow, run the TorchTrainer, write summary.json (the run directory locked)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -117,7 +132,6 @@ def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: s
     where = ray_cluster.connect(cfg.run.ray_address)
     scaling = ray_cluster.resolve(cfg)
     nodes = ray_cluster.node_count()
-    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
     tracker = None
     if uri is not None:

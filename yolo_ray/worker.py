@@ -45,6 +45,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     overrides["device"] = "cpu" if device.type == "cpu" else str(device.index)
 
     with ExitStack() as stack:
+        if rank == 0:
+            remove_stale_staging(run_dir / "train" / "weights")
         ckpt_dir, resumed_from = _broadcast(resume_point(run_dir, stack))
         if ckpt_dir is not None:
             overrides["resume"] = str(Path(ckpt_dir) / "last.pt")
@@ -91,6 +93,7 @@ def export_best(trainer: Any, run_dir: Path) -> None:
     )
 
 
+STAGING_PREFIX = ".yolo_ray_ckpt_"  # a report's staging directory beside last.pt
 SHOWN = ("train/box_loss", "train/cls_loss", "precision", "recall", "mAP50", "mAP50-95", "lr/pg0", "images_per_s")
 
 
@@ -166,7 +169,7 @@ class EpochReporter:
             )
         metrics = _broadcast(metrics)
         if self.rank == 0 and trainer.last.exists():
-            with tempfile.TemporaryDirectory(prefix=".yolo_ray_ckpt_", dir=trainer.last.parent) as tmp:
+            with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=trainer.last.parent) as tmp:
                 stage(trainer.last, Path(tmp) / "last.pt")
                 meta = {
                     "epoch": metrics["epoch"],
@@ -180,6 +183,13 @@ class EpochReporter:
         if self.rank == 0:  # after the report: history lists only epochs whose checkpoint is persisted
             # report_s: all of yolo_ray's end of epoch (metrics, digest, checkpoint report), not only Ray's call
             append_history(self.run_dir, {**metrics, "report_s": time.perf_counter() - t_fit_end})
+
+
+def remove_stale_staging(weights_dir: Path) -> None:
+    """Staging directories a worker killed inside a report left behind (the run directory is locked to this driver,
+    and no report is running yet)."""
+    for d in weights_dir.glob(f"{STAGING_PREFIX}*"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def stage(last_pt: Path, staged: Path) -> None:
