@@ -30,6 +30,9 @@ def test_gpu_plan_runs_every_variant_side_by_side() -> None:
     assert "train.cuda_graphs=true" not in variants["yolo_ray-device-2gpu"][0]
     assert variants["yolo_ray-graphs-b256-1gpu"][1:] == (1, 256)
     assert not any("graphs" in name for name, *_ in plan(BenchSettings.cpu(), gpus=0, cpu=True))
+    sharded = {name: args for name, args, *_ in plan(BenchSettings(device_cache="sharded"), gpus=2, cpu=False)}
+    assert "data.device_cache=sharded" in sharded["yolo_ray-graphs-2gpu"]  # every device-loader variant, no other
+    assert not any("device_cache" in a for a in sharded["yolo_ray-2gpu"] + sharded["native-ddp-2gpu"])
 
 
 def test_gpu_counts_give_a_scaling_curve_with_native_ddp_at_each_count() -> None:

@@ -50,6 +50,7 @@ class BenchSettings:
     profile_steps: int = 0  # > 0: yolo_ray variants profile this many steps of epoch 2 (yolo_ray/profiling.py)
     deterministic: bool = True  # every variant's train.deterministic (false: cuDNN autotuned, its fastest kernels)
     cpus_per_worker: float = 0  # yolo_ray's Ray workers (0: this machine's CPUs shared among them, as native has them)
+    device_cache: str = "auto"  # the device-loader variants' data.device_cache: auto | replicated | sharded
 
     @classmethod
     def cpu(cls) -> BenchSettings:
@@ -181,8 +182,11 @@ def _overrides(
     ]
 
 
-# yolo_ray's fast path: batches decoded and augmented on the device, channels_last model and inputs.
-DEVICE_PATH = ["data.loader=device", "train.channels_last=true"]
+def device_path(s: BenchSettings) -> list[str]:
+    """yolo_ray's fast path: batches decoded and augmented on the device, channels_last model and inputs."""
+    return ["data.loader=device", "train.channels_last=true", f"data.device_cache={s.device_cache}"]
+
+
 GRAPHS = ["train.cuda_graphs=true"]  # and the model's forward/backward as CUDA graph replays (GPUs only)
 
 
@@ -350,16 +354,16 @@ def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], i
     for n in once:
         out.append((f"yolo_ray-{n}{unit}", use, n, s.batch_per_gpu))
     for n in once:
-        out.append((f"yolo_ray-device-{n}{unit}", [*use, *DEVICE_PATH], n, s.batch_per_gpu))
+        out.append((f"yolo_ray-device-{n}{unit}", [*use, *device_path(s)], n, s.batch_per_gpu))
     if not cpu:
         for n in counts:
-            out.append((f"yolo_ray-graphs-{n}{unit}", [*use, *DEVICE_PATH, *GRAPHS], n, s.batch_per_gpu))
+            out.append((f"yolo_ray-graphs-{n}{unit}", [*use, *device_path(s), *GRAPHS], n, s.batch_per_gpu))
     if s.throughput_batch_per_gpu:
         tb = s.throughput_batch_per_gpu
         for n in counts:
-            out.append((f"yolo_ray-device-b{tb}-{n}{unit}", [*use, *DEVICE_PATH], n, tb))
+            out.append((f"yolo_ray-device-b{tb}-{n}{unit}", [*use, *device_path(s)], n, tb))
         for n in [] if cpu else counts:
-            out.append((f"yolo_ray-graphs-b{tb}-{n}{unit}", [*use, *DEVICE_PATH, *GRAPHS], n, tb))
+            out.append((f"yolo_ray-graphs-b{tb}-{n}{unit}", [*use, *device_path(s), *GRAPHS], n, tb))
     only = {x for x in s.only.split(",") if x}
     return [v for v in out if not only or v[0] in only]
 
@@ -465,7 +469,7 @@ def time_to_accuracy(s: BenchSettings, gpus: int, cpu: bool, env: dict[str, str]
         "yolo_ray": [],
     }
     ours_settings = BenchSettings(**{**asdict(s), "epochs": s.tta_factor * s.tta_epochs})
-    fastest = DEVICE_PATH if cpu else [*DEVICE_PATH, *GRAPHS]
+    fastest = device_path(s) if cpu else [*device_path(s), *GRAPHS]
     for tb in tta_batches(s):
         lr0 = throughput_lr0(tb * gpus)
         name = f"tta-yolo_ray-b{tb}-{gpus}{unit}"
