@@ -104,6 +104,7 @@ def test_auto_cpus_per_worker() -> None:
     # tune trials: a 0.25-GPU trial worker gets a quarter of its GPU's share; trials without a GPU get 1
     assert auto_cpus_per_worker(cfg, True, [_node(16, 1)], gpus_per_worker=0.25) == 3  # (16 - 1) * 0.25
     assert auto_cpus_per_worker(cfg, True, [_node(16, 1)], gpus_per_worker=0) == 1
+    assert auto_cpus_per_worker(cfg, True, [_node(8, 4)], gpus_per_worker=2) == 3  # two GPUs' share: (8 - 1) * 2 // 4
     assert cfg.tune.trial.cpus_per_worker == "auto"
     resolved = sweep.resolve_trial_cpus(config.apply(cfg, {"tune.trial.gpus_per_worker": 0.5}), True, [_node(16, 1)])
     assert resolved.tune.trial.cpus_per_worker == 7  # what every trial reserves and max_concurrent divides by

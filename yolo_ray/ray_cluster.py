@@ -66,7 +66,8 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
             "use gpus_per_worker: 1 for multi-worker runs (fractions suit single-worker tune trials).",
         )
     check_batch_divides(cfg, num_workers)
-    cpus = auto_cpus_per_worker(cfg, use_gpu, nodes) if sc.cpus_per_worker == "auto" else sc.cpus_per_worker
+    auto = sc.cpus_per_worker == "auto"
+    cpus = auto_cpus_per_worker(cfg, use_gpu, nodes, gpus or 1.0) if auto else sc.cpus_per_worker
     scaling = Scaling(num_workers, use_gpu, cpus, gpus, sc.placement_strategy)
     if not sc.autoscaling:
         check_capacity(cfg, scaling, nodes)
