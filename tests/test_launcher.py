@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import LEARN_EPOCHS, REPO, read_jsonl, yolo_ray
+from conftest import LEARN_EPOCHS, REPO, STAGING_PREFIX, read_jsonl, yolo_ray
 
 
 def _ranks(run_dir: Path) -> list[dict]:
@@ -44,7 +44,7 @@ def test_it_learns(ddp_run: Path) -> None:
     kept = [c / "last.pt" for c in sorted(ddp_run.glob("checkpoint_*")) if c.is_dir()]
     assert len(kept) == 2 and all(p.stat().st_nlink == 1 for p in kept)
     assert kept[0].read_bytes() != kept[1].read_bytes()
-    assert not list((ddp_run / "train" / "weights").glob(".yolo_ray_ckpt_*"))  # staging directories removed
+    assert not list((ddp_run / "train" / "weights").glob(f"{STAGING_PREFIX}*"))  # staging directories removed
     assert summary["throughput_images_per_s"] > 0
 
 
@@ -80,31 +80,43 @@ def test_parity_with_plain_ultralytics(ddp_run: Path, shapes: Path, tmp_path: Pa
     assert ours["mAP50-95"] >= native["mAP50-95"] - PARITY_TOLERANCE
 
 
-def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
-    """data.loader=device (decode once, batched augmentation on the training device) trains the same experiment
-    as well as Ultralytics' own loader does: same epochs, workers, batch and schedule (measured on this machine,
-    mAP50-95: 0.679 vs 0.704 after 20 epochs, 0.789 vs 0.698 after 30)."""
+def _device_loader_run(shapes: Path, tmp_path: Path, name: str, *overrides: str) -> Path:
+    """The smoke experiment as the learning run trains it, on the device loader; returns its run directory."""
     proc = yolo_ray(
         "train",
         str(REPO / "experiments" / "smoke.yaml"),
         f"data.dir={shapes}",
         "data.loader=device",
+        *overrides,
         f"train.epochs={LEARN_EPOCHS}",
         f"run.storage_path={tmp_path}",
-        "run.name=device",
+        f"run.name={name}",
         "tracking.enabled=false",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
-    assert [r["cached_images"] for r in _ranks(tmp_path / "device")] == [384, 384]  # auto: a full copy fits
-    history = read_jsonl(tmp_path / "device" / "history.jsonl")
+    return tmp_path / name
+
+
+def _learns_like_ultralytics_loader(run_dir: Path, ddp_run: Path, what: str) -> None:
+    """Every epoch ran, mAP rose, and the final mAP50-95 is no worse than the Ultralytics-loader run's (tolerance)."""
+    history = read_jsonl(run_dir / "history.jsonl")
     assert [h["epoch"] for h in history] == list(range(1, LEARN_EPOCHS + 1))
     assert max(h["mAP50"] for h in history[-5:]) > max(h["mAP50"] for h in history[:5]) + 0.3
-    ours = json.loads((tmp_path / "device" / "summary.json").read_text())["final"]
+    ours = json.loads((run_dir / "summary.json").read_text())["final"]
     baseline = json.loads((ddp_run / "summary.json").read_text())["final"]
-    print(f"mAP50-95 device loader {ours['mAP50-95']:.4f} vs Ultralytics loader {baseline['mAP50-95']:.4f}")
+    print(f"mAP50-95 {what} {ours['mAP50-95']:.4f} vs Ultralytics loader {baseline['mAP50-95']:.4f}")
     assert ours["mAP50"] >= 0.5
     assert ours["mAP50-95"] >= baseline["mAP50-95"] - PARITY_TOLERANCE
+
+
+def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
+    """data.loader=device (decode once, batched augmentation on the training device) trains the same experiment
+    as well as Ultralytics' own loader does: same epochs, workers, batch and schedule (measured on this machine,
+    mAP50-95: 0.679 vs 0.704 after 20 epochs, 0.789 vs 0.698 after 30)."""
+    run_dir = _device_loader_run(shapes, tmp_path, "device")
+    assert [r["cached_images"] for r in _ranks(run_dir)] == [384, 384]  # auto: a full copy fits
+    _learns_like_ultralytics_loader(run_dir, ddp_run, "device loader")
 
 
 def test_sharded_device_cache_learns_one_model(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
@@ -112,28 +124,10 @@ def test_sharded_device_cache_learns_one_model(ddp_run: Path, shapes: Path, tmp_
     GPUs cache N times the data), trains on it, and the two still train one model that learns as the Ultralytics
     loader's run does (measured on this machine, mAP50-95 after 20 epochs: sharded 0.693, replicated 0.690,
     Ultralytics' loader 0.704)."""
-    proc = yolo_ray(
-        "train",
-        str(REPO / "experiments" / "smoke.yaml"),
-        f"data.dir={shapes}",
-        "data.loader=device",
-        "data.device_cache=sharded",
-        f"train.epochs={LEARN_EPOCHS}",
-        f"run.storage_path={tmp_path}",
-        "run.name=sharded",
-        "tracking.enabled=false",
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-5000:]
-    ranks = _ranks(tmp_path / "sharded")
+    run_dir = _device_loader_run(shapes, tmp_path, "sharded", "data.device_cache=sharded")
+    ranks = _ranks(run_dir)
     assert [r["cached_images"] for r in ranks] == [192, 192]
     shard0, shard1 = (set(r["shard_indices_epoch0"]) for r in ranks)
     assert not shard0 & shard1 and len(shard0 | shard1) == 384
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]
-    history = read_jsonl(tmp_path / "sharded" / "history.jsonl")
-    assert max(h["mAP50"] for h in history[-5:]) > max(h["mAP50"] for h in history[:5]) + 0.3
-    ours = json.loads((tmp_path / "sharded" / "summary.json").read_text())["final"]
-    baseline = json.loads((ddp_run / "summary.json").read_text())["final"]
-    print(f"mAP50-95 sharded device cache {ours['mAP50-95']:.4f} vs Ultralytics loader {baseline['mAP50-95']:.4f}")
-    assert ours["mAP50"] >= 0.5
-    assert ours["mAP50-95"] >= baseline["mAP50-95"] - PARITY_TOLERANCE
+    _learns_like_ultralytics_loader(run_dir, ddp_run, "sharded device cache")
