@@ -20,6 +20,7 @@ import pytest
 
 from yolo_ray.data.synth import SynthSpec, generate
 from yolo_ray.summary import read_jsonl  # the tests' reader of history.jsonl and friends, as the package reads them
+from yolo_ray.worker import STAGING_PREFIX  # a checkpoint report's staging directory
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -264,7 +265,7 @@ def rerun_after_failure(
     failed_summary = json.loads((run_dir / "summary.json").read_text())
     failed_epochs = [h["epoch"] for h in read_jsonl(run_dir / "history.jsonl")]
     # what a worker killed inside a checkpoint report leaves: its staging directory (last.pt linked, no meta.json)
-    stale = run_dir / "train" / "weights" / ".yolo_ray_ckpt_killed"
+    stale = run_dir / "train" / "weights" / f"{STAGING_PREFIX}killed"
     stale.mkdir()
     os.link(run_dir / "train" / "weights" / "last.pt", stale / "last.pt")
     resumed = yolo_ray("train", *args, cwd=storage)

@@ -14,6 +14,7 @@ from conftest import (
     ENV,
     RERUN_EPOCHS,
     RERUN_FAILS_AFTER,
+    STAGING_PREFIX,
     Rerun,
     check_resumed,
     kill_tree,
@@ -44,7 +45,7 @@ def test_failure_without_retries_keeps_checkpoints(rerun_after_failure: Rerun) -
     assert r.failed_epochs == list(range(1, RERUN_FAILS_AFTER + 1))
     assert r.resumed.returncode == 0, r.resumed.stdout[-5000:]
     check_resumed(r.run_dir, resumed_from=RERUN_FAILS_AFTER, epochs=RERUN_EPOCHS)
-    assert not list((r.run_dir / "train" / "weights").glob(".yolo_ray_ckpt_*"))  # a killed report's staging removed
+    assert not list((r.run_dir / "train" / "weights").glob(f"{STAGING_PREFIX}*"))  # a killed report's staging removed
 
 
 def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             world_size=world_size,
             sync_bn=config["sync_bn"],
             loader=config["loader"],
-            device_cache=config.get("device_cache", "auto"),
+            device_cache=config["device_cache"],
             channels_last=config["channels_last"],
             cuda_graphs=config["cuda_graphs"],
         )

@@ -139,8 +139,8 @@ def fits(n: int, imgsz: int, device: torch.device) -> bool:
 
 
 def _check_fits(n: int, imgsz: int, device: torch.device, sharded: bool = False) -> None:
-    need, free = DeviceCache.nbytes(n, imgsz), _free_bytes(device)
-    if need > CACHE_SHARE * free:
+    if not fits(n, imgsz, device):
+        need, free = DeviceCache.nbytes(n, imgsz), _free_bytes(device)
         more = "more workers (each holds 1/num_workers of the images)" if sharded else "data.device_cache: sharded"
         raise RuntimeError(
             f"data.loader=device: the {n} decoded training images at imgsz={imgsz} need {need / 2**30:.1f} GiB on "
@@ -408,8 +408,11 @@ class DeviceLoader:
 
     def __iter__(self) -> Any:
         dev = self.cache.images.device
-        order = list(self.sampler)  # dataset image ids
-        rows = order if isinstance(self.sampler, DistributedSampler) else self.sampler.rows()  # cache rows
+        if isinstance(self.sampler, ShardSampler):  # cache rows, and the dataset images they hold
+            rows = self.sampler.rows()
+            order = [self.sampler.ids[r] for r in rows]
+        else:
+            rows = order = list(self.sampler)
         on_device = torch.tensor(rows, dtype=torch.long, device=dev)
         g = torch.Generator(device=dev)
         g.manual_seed(self.seed * 1_000_003 + self.sampler.epoch * 1009 + self.rank)
