@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import yolo_ray
 
-from yolo_ray.bench import BenchSettings, _derive, plan, reached, steady_images_per_s, tta_batches
+from yolo_ray.bench import (
+    BenchSettings,
+    _derive,
+    _process_tree,
+    plan,
+    reached,
+    steady_images_per_s,
+    tta_batches,
+    variant_mem_mib,
+)
 from yolo_ray.config import ConfigError
 
 
@@ -18,6 +31,37 @@ def test_steady_state_drops_first_and_validating_epochs() -> None:
     assert steady_images_per_s(rows, 400) == (100.0, 4.0)
     short = [{"time": 10.0}, {"time": 14.0}, {"time": 30.0}]  # 3 epochs: only the middle gap is left
     assert steady_images_per_s(short, 400) == (100.0, 4.0)
+
+
+def test_peak_memory_counts_the_variants_processes_alone() -> None:
+    """A variant's GPU memory is what its driver and every process under it (Ray's workers are the driver's
+    grandchildren) hold on one GPU; the bench process's own leftovers and strangers' processes are not counted."""
+    sleep = "import time; time.sleep(60)"
+    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {sleep!r}]); {sleep}"
+    with subprocess.Popen([sys.executable, "-c", code]) as driver:
+        try:
+            for _ in range(100):  # until the grandchild has started
+                tree = _process_tree(driver.pid)
+                if len(tree) == 2:
+                    break
+                time.sleep(0.05)
+            assert len(tree) == 2 and driver.pid in tree and os.getpid() not in tree
+            worker = max(tree - {driver.pid})
+            gpus = [["0", "GPU-a", "50", "9000"], ["1", "GPU-b", "40", "3000"]]
+            apps = [
+                ["GPU-a", str(os.getpid()), "7000"],  # the bench process: the ceilings' leftovers
+                ["GPU-a", str(worker), "2000"],
+                ["GPU-a", str(driver.pid), "500"],
+                ["GPU-b", str(worker), "3000"],
+                ["GPU-c", str(worker), "9999"],  # a GPU the variant does not train on
+                ["GPU-b", "1", "[N/A]"],
+            ]
+            assert variant_mem_mib(gpus, apps, tree) == 3000.0  # the most on one GPU: 2500 on a, 3000 on b
+            assert variant_mem_mib(gpus, apps, set()) == 0.0
+        finally:
+            for pid in _process_tree(driver.pid):
+                os.kill(pid, 9)
+    assert _process_tree(driver.pid) == set()  # exited: nothing left to count
 
 
 def test_gpu_plan_runs_every_variant_side_by_side() -> None:

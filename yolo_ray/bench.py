@@ -8,6 +8,7 @@ the GPU-only ceiling: the model's own training step on random tensors (no loader
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -72,13 +73,21 @@ class BenchSettings:
 
 class Sampler:
     """CPU and GPU utilisation and peak GPU memory, sampled every second while a variant runs (its whole wall time,
-    start-up and final validation included), over the first `devices` GPUs: the ones the variant trains on."""
+    start-up and final validation included), over the first `devices` GPUs: the ones the variant trains on.
+
+    Memory is the variant's own: what its processes (the driver `pid` and every process it started: Ray's workers,
+    torch.distributed's ranks) hold on one GPU, the most on any. The bench process's own leftovers (the ceilings'
+    cached blocks and graph pools) and other tenants are not counted, as nvidia-smi's memory.used would count them.
+    Where nvidia-smi lists no processes (a container that hides them), memory.used above its level at the first
+    sample stands in."""
 
     def __init__(self, devices: int) -> None:
         self.devices = devices
+        self.pid: int | None = None  # the variant's driver, set once it has started
         self.cpu: list[float] = []
         self.gpu: list[float] = []
         self.mem_mib = 0.0
+        self._baseline: list[float] | None = None  # memory.used per GPU at the first sample: the fallback's zero
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -89,19 +98,20 @@ class Sampler:
         while not self._stop.wait(1.0):
             self.cpu.append(psutil.cpu_percent(None))
             try:
-                out = subprocess.run(
-                    ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
-                    capture_output=True,
-                    text=True,
-                    timeout=5,
-                )
-                rows = [list(map(float, r.split(","))) for r in out.stdout.strip().splitlines() if r.strip()]
-                rows = rows[: self.devices]
-                if rows:
-                    self.gpu.append(statistics.mean(r[0] for r in rows))
-                    self.mem_mib = max(self.mem_mib, max(r[1] for r in rows))
+                gpus = _nvidia_smi("--query-gpu=index,uuid,utilization.gpu,memory.used")[: self.devices]
+                apps = _nvidia_smi("--query-compute-apps=gpu_uuid,pid,used_memory")
             except (OSError, subprocess.SubprocessError, ValueError):
-                pass
+                continue
+            if not gpus:
+                continue
+            self.gpu.append(statistics.mean(float(g[2]) for g in gpus))
+            used = [float(g[3]) for g in gpus]
+            self._baseline = self._baseline or used
+            if apps:
+                pids = _process_tree(self.pid) if self.pid else set()
+                self.mem_mib = max(self.mem_mib, variant_mem_mib(gpus, apps, pids))
+            else:
+                self.mem_mib = max(self.mem_mib, *(u - b for u, b in zip(used, self._baseline, strict=True)))
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -117,6 +127,33 @@ class Sampler:
             "gpu_util_pct": round(statistics.mean(self.gpu), 1) if self.gpu else None,
             "peak_gpu_mem_gib": round(self.mem_mib / 1024, 2) if self.mem_mib else None,
         }
+
+
+def _nvidia_smi(query: str) -> list[list[str]]:
+    out = subprocess.run(
+        ["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5, check=True
+    )
+    return [[c.strip() for c in r.split(",")] for r in out.stdout.strip().splitlines() if r.strip()]
+
+
+def _process_tree(pid: int) -> set[int]:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return {pid, *(c.pid for c in root.children(recursive=True))}
+    except psutil.Error:  # exited between samples
+        return set()
+
+
+def variant_mem_mib(gpus: list[list[str]], apps: list[list[str]], pids: set[int]) -> float:
+    """The most MiB that `pids` hold together on any one of `gpus` ([index, uuid, ...] rows), from nvidia-smi's
+    compute apps ([gpu_uuid, pid, used MiB] rows)."""
+    per_gpu = dict.fromkeys((g[1] for g in gpus), 0.0)
+    for uuid, pid, used in apps:
+        if uuid in per_gpu and pid.isdigit() and int(pid) in pids and used.replace(".", "", 1).isdigit():
+            per_gpu[uuid] += float(used)
+    return max(per_gpu.values(), default=0.0)
 
 
 def _results_csv(run_dir: Path) -> list[dict[str, float]]:
@@ -205,13 +242,19 @@ def run_variant(
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never a resumed or "already finished" one
     started = time.time()
     with Sampler(workers) as sampler:
-        proc = subprocess.run(
-            [sys.executable, "-m", "yolo_ray", "train", *args], env=env, capture_output=True, text=True
-        )
+        with subprocess.Popen(
+            [sys.executable, "-m", "yolo_ray", "train", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as proc:
+            sampler.pid = proc.pid
+            stdout, stderr = proc.communicate()
     wall = time.time() - started
-    (Path(s.out_dir) / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    (Path(s.out_dir) / f"{name}.log").write_text(stdout + stderr)
     if proc.returncode != 0:
-        return {"name": name, "error": (proc.stdout + proc.stderr)[-2000:], "gpus": workers}
+        return {"name": name, "error": (stdout + stderr)[-2000:], "gpus": workers}
     rows = _results_csv(run_dir)
     ips, epoch_s = steady_images_per_s(rows, s.images)
     last = rows[-1]
@@ -400,6 +443,7 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
             results.append(step_ceiling(s, "cuda:0", batch, mode=mode))
             results.append(step_ceiling(s, "cuda:0", batch, graphs=True, mode=mode))
     if not cpu:
+        gc.collect()  # the ceilings' models and graphs, then their cached blocks
         torch.cuda.empty_cache()  # the variants run in their own processes: give them this one's cached memory
     for name, args, n, batch in variants:
         profile = [f"run.profile_steps={s.profile_steps}"] if s.profile_steps and name.startswith("yolo_ray") else []
