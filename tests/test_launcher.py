@@ -80,7 +80,7 @@ def test_parity_with_plain_ultralytics(ddp_run: Path, shapes: Path, tmp_path: Pa
     assert ours["mAP50-95"] >= native["mAP50-95"] - PARITY_TOLERANCE
 
 
-def _device_loader_run(shapes: Path, tmp_path: Path, name: str, *overrides: str) -> Path:
+def _device_loader_run(shapes: Path, tmp_path: Path, name: str, *overrides: str, epochs: int = LEARN_EPOCHS) -> Path:
     """The smoke experiment as the learning run trains it, on the device loader; returns its run directory."""
     proc = yolo_ray(
         "train",
@@ -88,7 +88,7 @@ def _device_loader_run(shapes: Path, tmp_path: Path, name: str, *overrides: str)
         f"data.dir={shapes}",
         "data.loader=device",
         *overrides,
-        f"train.epochs={LEARN_EPOCHS}",
+        f"train.epochs={epochs}",
         f"run.storage_path={tmp_path}",
         f"run.name={name}",
         "tracking.enabled=false",
@@ -119,15 +119,25 @@ def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, shapes: Pat
     _learns_like_ultralytics_loader(run_dir, ddp_run, "device loader")
 
 
-def test_sharded_device_cache_learns_one_model(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
+# The sharded run is shorter than the learning runs: what it adds to the device loader is only which images each
+# rank draws (tests/data/test_device_loader.py checks those shards and that a rank's rows equal the replicated
+# cache's), so it checks that the two ranks train one model that learns, not parity at 20 epochs. Measured here
+# at 20 epochs, mAP50-95: sharded 0.693-0.756, replicated 0.690, Ultralytics' loader 0.704; and on 2 x H200
+# after 5 epochs of 12288 images: sharded 0.99343, replicated 0.99353 (README, "Two GPUs ..."). At 12 epochs here
+# mAP50 rose from 0 (epochs 1-3) to 0.63 (~135 s instead of ~190 s at 20).
+SHARDED_EPOCHS = 12
+
+
+def test_sharded_device_cache_learns_one_model(shapes: Path, tmp_path: Path) -> None:
     """data.device_cache=sharded: each of the 2 workers decodes and holds only its half of the images (what lets N
-    GPUs cache N times the data), trains on it, and the two still train one model that learns as the Ultralytics
-    loader's run does (measured on this machine, mAP50-95 after 20 epochs: sharded 0.693, replicated 0.690,
-    Ultralytics' loader 0.704)."""
-    run_dir = _device_loader_run(shapes, tmp_path, "sharded", "data.device_cache=sharded")
+    GPUs cache N times the data), trains on it, and the two still train one model, which learns."""
+    run_dir = _device_loader_run(shapes, tmp_path, "sharded", "data.device_cache=sharded", epochs=SHARDED_EPOCHS)
     ranks = _ranks(run_dir)
     assert [r["cached_images"] for r in ranks] == [192, 192]
     shard0, shard1 = (set(r["shard_indices_epoch0"]) for r in ranks)
     assert not shard0 & shard1 and len(shard0 | shard1) == 384
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]
-    _learns_like_ultralytics_loader(run_dir, ddp_run, "sharded device cache")
+    history = read_jsonl(run_dir / "history.jsonl")
+    assert [h["epoch"] for h in history] == list(range(1, SHARDED_EPOCHS + 1))
+    print("mAP50 by epoch, sharded:", [round(h["mAP50"], 3) for h in history])
+    assert max(h["mAP50"] for h in history[-3:]) > max(h["mAP50"] for h in history[:3]) + 0.3
