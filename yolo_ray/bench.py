@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 from yolo_ray import gitinfo
@@ -241,16 +242,10 @@ def run_variant(
     run_dir = Path(s.out_dir).resolve() / name
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never a resumed or "already finished" one
     started = time.time()
-    with Sampler(workers) as sampler:
-        with subprocess.Popen(
-            [sys.executable, "-m", "yolo_ray", "train", *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as proc:
-            sampler.pid = proc.pid
-            stdout, stderr = proc.communicate()
+    cmd = [sys.executable, "-m", "yolo_ray", "train", *args]
+    with Sampler(workers) as sampler, subprocess.Popen(cmd, env=env, stdout=PIPE, stderr=PIPE, text=True) as proc:
+        sampler.pid = proc.pid  # its GPU memory is this process tree's
+        stdout, stderr = proc.communicate()
     wall = time.time() - started
     (Path(s.out_dir) / f"{name}.log").write_text(stdout + stderr)
     if proc.returncode != 0:
