@@ -178,8 +178,9 @@ def steady_images_per_s(rows: list[dict[str, float]], images: int) -> tuple[floa
 
 def history_medians(run_dir: Path) -> dict[str, float | None]:
     """yolo_ray only, from history.jsonl over epochs 2..n: the batch loop's own images/s (without the end-of-epoch
-    work that images_per_s includes), and that work split: Ultralytics' (validation, CSV, last.pt: save_s) and
-    yolo_ray's (epoch metrics, weights digest, checkpoint report to Ray: report_s)."""
+    work that images_per_s includes), and that work split: Ultralytics' (validation, CSV, the checkpoint snapshot:
+    save_s) and yolo_ray's (epoch metrics, checkpoint hand-off to Ray: report_s); and the writer thread's time per
+    checkpoint, off the training thread (checkpoint_write_s)."""
     rows = read_history(run_dir)
     rows = rows[1:] or rows
 
@@ -188,7 +189,10 @@ def history_medians(run_dir: Path) -> dict[str, float | None]:
         return round(statistics.median(values), 3) if values else None
 
     loop = median("images_per_s")
-    return {"loop_images_per_s": loop and round(loop, 1), "save_s": median("save_s"), "report_s": median("report_s")}
+    return {
+        "loop_images_per_s": loop and round(loop, 1),
+        **{k: median(k) for k in ("save_s", "report_s", "checkpoint_write_s")},
+    }
 
 
 def _overrides(
@@ -565,6 +569,7 @@ def print_table(report: dict[str, Any]) -> None:
         "epoch_s",
         "save_s",
         "report_s",
+        "checkpoint_write_s",
         "speedup_vs_1",
         "scaling_efficiency",
         "ratio_vs_native",

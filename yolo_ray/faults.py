@@ -31,10 +31,16 @@ class FaultPlan:
             return cls(int(fault["epoch"]), int(fault.get("rank", 0)))
         return cls()
 
+    def due(self, epoch_about_to_start: int, resumed_from: int | None) -> bool:
+        """Whether the planned failure comes now (on its rank): at the start of the epoch after `epoch`, on the
+        attempt that got past it (a resumed attempt already resumed from the checkpoint the failure was meant to
+        test)."""
+        if self.epoch is None or epoch_about_to_start != self.epoch + 1:
+            return False
+        return resumed_from is None or resumed_from < self.epoch
+
     def maybe_fail(self, rank: int, epoch_about_to_start: int, resumed_from: int | None) -> None:
         """Called at the start of every epoch (1-based); fails once, on the attempt that got past `epoch`."""
-        if self.epoch is None or rank != self.rank or epoch_about_to_start != self.epoch + 1:
+        if rank != self.rank or not self.due(epoch_about_to_start, resumed_from):
             return
-        if resumed_from is not None and resumed_from >= self.epoch:
-            return  # this attempt already resumed from the checkpoint the failure was meant to test
         raise InjectedFault(f"yolo_ray fault injection: rank {rank} fails after epoch {self.epoch}'s checkpoint")

@@ -9,6 +9,8 @@ gathered to rank 0, rank-0-only saving, the early-stop broadcast. What changes:
 - the process group already exists (Ray made it): `_setup_ddp` only pins the device Ray gave this worker;
 - DDP on CPU gets no `device_ids` (Ultralytics passes `[None]`, which DDP rejects), and sync-BN converts the model
   right before the wrap;
+- the per-epoch checkpoint is Ultralytics' save_model run on a host snapshot by a writer thread
+  (checkpoint_writer.py), not on the training thread while every rank waits;
 - optionally the train loader is yolo_ray's DeviceLoader (decoded images on the device, batched augmentation there),
   the model and inputs use channels_last memory, and the model's forward and backward replay CUDA graphs (through
   Ultralytics' seam for compiled models: `attempt_compile` returns the wrapper, the loop computes the loss apart).
@@ -19,7 +21,6 @@ Must be imported inside the worker, after Ray has set RANK / LOCAL_RANK / WORLD_
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +31,8 @@ from torch import nn
 from ultralytics.models.yolo.detect import DetectionTrainer
 from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distributed_zero_first, unwrap_model
+
+from yolo_ray.checkpoint_writer import CheckpointWriter, weights_digest
 
 
 class RayDetectionTrainer(DetectionTrainer):
@@ -63,6 +66,7 @@ class RayDetectionTrainer(DetectionTrainer):
             torch.backends.cudnn.benchmark = True
         self.world_size = world_size  # global, from Ray
         self.ddp = False  # never spawn torch.distributed.run: Ray owns the processes
+        self.writer = CheckpointWriter(self, DetectionTrainer.save_model)
 
     def _setup_ddp(self) -> None:
         """Ray already called init_process_group; only pin this worker's device."""
@@ -146,7 +150,20 @@ class RayDetectionTrainer(DetectionTrainer):
             return None
         return self._val_timed[1]
 
+    def save_model(self) -> bool:
+        """Rank 0's checkpoint: snapshot now, written by the writer thread. Ultralytics then fires on_model_save
+        before the file exists; yolo_ray waits for it through `writer.saved(epoch)` (nothing listens to that event)."""
+        if self.writer.save():
+            return True
+        # the EMA holds a non-finite value: Ultralytics' own save repairs the live EMA from the model, so run it here
+        self.writer.flush()
+        self.last.unlink(missing_ok=True)  # a new file: an earlier epoch's staged link keeps its own bytes
+        super().save_model()
+        self.writer.adopt(self.epoch)
+        return True
+
     def final_eval(self) -> None:
+        self.writer.flush()  # final_eval reads best.pt
         self.in_final_eval = True  # callbacks fired here are not a training epoch
         try:
             with _cpu_final_val(self):
@@ -158,20 +175,6 @@ class RayDetectionTrainer(DetectionTrainer):
         """SHA-256 of the trained parameters (not buffers: BN running stats are per rank, as upstream); as_saved:
         rounded to fp16 as last.pt stores them (a resumed model's weights are exactly those values)."""
         return weights_digest(unwrap_model(self.model), as_saved=as_saved)
-
-    def checkpoint_digest(self) -> str:
-        """SHA-256 of the weights as last.pt stores them (the EMA in fp16): what a resumed run must start from."""
-        return weights_digest(self.ema.ema, as_saved=True)
-
-
-def weights_digest(module: nn.Module, as_saved: bool = False) -> str:
-    """One device-to-host copy of all parameters (flattened in order), not one sync per tensor: it runs every epoch."""
-    names, tensors = zip(*module.named_parameters(), strict=True)
-    flat = torch.cat([p.detach().reshape(-1).float() for p in tensors])
-    flat = flat.half() if as_saved else flat  # fp16 bytes: half the hashing, which costs ~0.1 s on YOLO11m in fp32
-    h = hashlib.sha256("\n".join(names).encode())
-    h.update(flat.cpu().numpy().tobytes())
-    return h.hexdigest()
 
 
 # How yolo_ray's DDP differs from Ultralytics' (find_unused_parameters=True, per-parameter gradient copies): the

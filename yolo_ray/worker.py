@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import socket
-import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from yolo_ray import faults
+from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.metrics import epoch_metrics, final_metrics
 from yolo_ray.summary import append_history, read_history
 
@@ -70,7 +71,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             from yolo_ray.profiling import StepProfiler
 
             StepProfiler(run_dir, config["profile_steps"]).attach(trainer)
-        trainer.train()
+        try:
+            trainer.train()
+        except BaseException:
+            reporter.drain()  # an epoch that ended before the failure keeps its checkpoint
+            raise
         write_rank_record(trainer, run_dir, ctx, device, resumed_from)
         if rank == 0:
             (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics(trainer), indent=2))
@@ -93,7 +98,6 @@ def export_best(trainer: Any, run_dir: Path) -> None:
     )
 
 
-STAGING_PREFIX = ".yolo_ray_ckpt_"  # a report's staging directory beside last.pt
 SHOWN = ("train/box_loss", "train/cls_loss", "precision", "recall", "mAP50", "mAP50-95", "lr/pg0", "images_per_s")
 
 
@@ -127,13 +131,19 @@ def reconcile_history(run_dir: Path, ckpt_dir: Path) -> None:
 
 
 class EpochReporter:
-    """Ultralytics callbacks that time each epoch and hand metrics plus a checkpoint to Ray Train."""
+    """Ultralytics callbacks that time each epoch and hand metrics plus a checkpoint to Ray Train.
+
+    Rank 0's checkpoint is written by the trainer's writer thread; Ray persists it through its asynchronous upload
+    (a thread of Ray's that waits for the file, copies it to storage, then registers it), so the training thread
+    goes on to the next epoch at once. history.jsonl still gets an epoch's line only after its checkpoint is on
+    storage."""
 
     def __init__(self, trainer: Any, run_dir: Path, resumed_from: int | None, fault: faults.FaultPlan):
         self.trainer, self.run_dir, self.resumed_from, self.fault = trainer, run_dir, resumed_from, fault
         self.rank = ray.train.get_context().get_world_rank()
         self.t_epoch = self.t_train_end = 0.0
         self.start_digest = ""
+        self.persisting: dict[int, threading.Event] = {}  # epoch -> set once its checkpoint is on storage
 
     def attach(self) -> None:
         self.trainer.add_callback("on_train_start", self.on_train_start)
@@ -146,7 +156,11 @@ class EpochReporter:
             self.start_digest = trainer.parameter_digest(as_saved=True)
 
     def on_train_epoch_start(self, trainer: Any) -> None:
-        self.fault.maybe_fail(rank=self.rank, epoch_about_to_start=trainer.epoch + 1, resumed_from=self.resumed_from)
+        epoch = trainer.epoch + 1
+        if self.fault.due(epoch_about_to_start=epoch, resumed_from=self.resumed_from):
+            self.drain()  # the planned failure comes after the previous epoch's checkpoint is on storage
+            _barrier()
+        self.fault.maybe_fail(rank=self.rank, epoch_about_to_start=epoch, resumed_from=self.resumed_from)
         self.t_epoch = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Any) -> None:
@@ -159,30 +173,65 @@ class EpochReporter:
         metrics = None
         if self.rank == 0:
             metrics = epoch_metrics(trainer, self.t_train_end - self.t_epoch, self.resumed_from)
-            metrics["save_s"] = t_fit_end - self.t_train_end  # Ultralytics' end of epoch: validation, CSV, last.pt
+            metrics["save_s"] = t_fit_end - self.t_train_end  # Ultralytics' end of epoch: validation, CSV, snapshot
             metrics["start_weights_sha256"] = self.start_digest
-            metrics["saved_weights_sha256"] = trainer.checkpoint_digest()
             print(
                 f"[yolo_ray] epoch {metrics['epoch']}/{trainer.epochs} "
                 + " ".join(f"{k}={_fmt(metrics[k])}" for k in SHOWN if k in metrics),
                 flush=True,
             )
         metrics = _broadcast(metrics)
-        if self.rank == 0 and trainer.last.exists():
-            with tempfile.TemporaryDirectory(prefix=STAGING_PREFIX, dir=trainer.last.parent) as tmp:
-                stage(trainer.last, Path(tmp) / "last.pt")
-                meta = {
-                    "epoch": metrics["epoch"],
-                    "last_pt_bytes": (Path(tmp) / "last.pt").stat().st_size,
-                    "metrics": {**metrics, "time": time.time()},
-                }
-                (Path(tmp) / "meta.json").write_text(json.dumps(meta))
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        else:
-            ray.train.report(metrics)
-        if self.rank == 0:  # after the report: history lists only epochs whose checkpoint is persisted
-            # report_s: all of yolo_ray's end of epoch (metrics, digest, checkpoint report), not only Ray's call
+        metrics["time"] = time.time()  # the epoch's end (its line is written later, once persisted)
+        if self.rank == 0 and trainer.writer.has(trainer.epoch):
+            self._report_with_checkpoint(trainer.epoch, metrics, t_fit_end)
+            return
+        ray.train.report(metrics)
+        if self.rank == 0:
             append_history(self.run_dir, {**metrics, "report_s": time.perf_counter() - t_fit_end})
+
+    def _report_with_checkpoint(self, epoch: int, metrics: dict, t_fit_end: float) -> None:
+        writer = self.trainer.writer
+        storage = ray.train.get_context().get_storage()
+        reported = threading.Event()
+        report_s: list[float] = []
+        persisted = self.persisting[epoch] = threading.Event()
+
+        def persist(_: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
+            """On Ray's upload thread: wait for the writer, add meta.json, copy to storage, log the epoch."""
+            try:
+                t0 = time.perf_counter()
+                saved = writer.saved(epoch)
+                row = {**metrics, "saved_weights_sha256": saved.weights_sha256, "checkpoint_write_s": saved.write_s}
+                meta = {"epoch": metrics["epoch"], "last_pt_bytes": (saved.directory / "last.pt").stat().st_size}
+                (saved.directory / "meta.json").write_text(json.dumps({**meta, "metrics": row}))
+                stored = storage.persist_current_checkpoint(
+                    ray.train.Checkpoint.from_directory(saved.directory), dir_name
+                )
+                writer.release(epoch)
+                reported.wait(timeout=60)
+                # report_s: the training thread's share (metrics, checkpoint hand-off); persist_s: this thread's
+                append_history(
+                    self.run_dir,
+                    {**row, "report_s": report_s[0] if report_s else None, "persist_s": time.perf_counter() - t0},
+                )
+                return stored
+            finally:
+                persisted.set()
+
+        ray.train.report(
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(writer.staging_dir(epoch)),
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+            checkpoint_upload_fn=persist,
+            delete_local_checkpoint_after_upload=False,  # the writer's staging: released in persist
+        )
+        report_s.append(time.perf_counter() - t_fit_end)
+        reported.set()
+
+    def drain(self, timeout: float = 300) -> None:
+        """Wait until every checkpoint handed to Ray is on storage."""
+        for done in self.persisting.values():
+            done.wait(timeout)
 
 
 def remove_stale_staging(weights_dir: Path) -> None:
@@ -192,14 +241,9 @@ def remove_stale_staging(weights_dir: Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def stage(last_pt: Path, staged: Path) -> None:
-    """last.pt into the directory handed to Ray as a hard link, not a copy (one ~100 MB write less an epoch for
-    YOLO11m): Ray's report copies the bytes into storage before it returns (pyarrow copy_files), and Ultralytics
-    rewrites last.pt in place only at the next epoch's end, after the staging directory is gone."""
-    try:
-        os.link(last_pt, staged)
-    except OSError:  # a filesystem without hard links
-        shutil.copy2(last_pt, staged)
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def _broadcast(obj: Any) -> Any:
