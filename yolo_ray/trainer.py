@@ -163,7 +163,11 @@ class RayDetectionTrainer(DetectionTrainer):
         return True
 
     def final_eval(self) -> None:
-        self.writer.flush()  # final_eval reads best.pt
+        # Every rank validates best.pt if it exists when final_eval starts: rank 0's writer must have written it
+        # before any rank looks (a rank that sees none skips a validation with collectives in it; the others hang).
+        self.writer.flush()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
         self.in_final_eval = True  # callbacks fired here are not a training epoch
         try:
             with _cpu_final_val(self):

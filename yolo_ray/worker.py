@@ -186,7 +186,8 @@ class EpochReporter:
             self._report_with_checkpoint(trainer.epoch, metrics, t_fit_end)
             return
         ray.train.report(metrics)
-        if self.rank == 0:
+        if self.rank == 0:  # an epoch without a checkpoint (train.extra.save=false): its line after the ones before
+            self.drain()
             append_history(self.run_dir, {**metrics, "report_s": time.perf_counter() - t_fit_end})
 
     def _report_with_checkpoint(self, epoch: int, metrics: dict, t_fit_end: float) -> None:
@@ -235,8 +236,8 @@ class EpochReporter:
 
 
 def remove_stale_staging(weights_dir: Path) -> None:
-    """Staging directories a worker killed inside a report left behind (the run directory is locked to this driver,
-    and no report is running yet)."""
+    """Staging directories of checkpoints a killed worker had not persisted (the run directory is locked to this
+    driver, and no checkpoint is being written yet)."""
     for d in weights_dir.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(d, ignore_errors=True)
 
