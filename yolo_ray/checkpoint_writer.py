@@ -35,7 +35,6 @@ EMA_ATTRS = ("yaml", "nc", "args", "names", "stride", "class_weights")  # what M
 class SavedCheckpoint:
     """An epoch's checkpoint on disk: `directory` holds its last.pt (a hard link to what the epoch wrote)."""
 
-    epoch: int
     directory: Path
     weights_sha256: str  # the EMA's parameters as last.pt stores them (fp16): what a resumed run starts from
     write_s: float  # the writer thread's time: Ultralytics' save_model on the snapshot, and the renames
@@ -104,7 +103,7 @@ class CheckpointWriter:
         self.flush()
         done: Future[SavedCheckpoint] = Future()
         t = self.trainer
-        done.set_result(SavedCheckpoint(epoch, self._stage(epoch), weights_digest(t.ema.ema, as_saved=True), 0.0))
+        done.set_result(SavedCheckpoint(self._stage(epoch), weights_digest(t.ema.ema, as_saved=True), 0.0))
         self._saves[epoch] = done
 
     def _write(self, state: dict[str, torch.Tensor], frozen: dict) -> SavedCheckpoint:
@@ -136,7 +135,7 @@ class CheckpointWriter:
         if view.best.exists():
             os.replace(view.best, best)
         digest = weights_digest(shadow, as_saved=True)
-        return SavedCheckpoint(epoch, directory, digest, time.perf_counter() - started)
+        return SavedCheckpoint(directory, digest, time.perf_counter() - started)
 
     def _stage(self, epoch: int, written: Path | None = None) -> Path:
         """A staging directory holding a hard link to epoch `epoch`'s last.pt (a copy where links are refused)."""
