@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
-from conftest import LEARN_EPOCHS, REPO, STAGING_PREFIX, read_jsonl, yolo_ray
+from conftest import LEARN_EPOCHS, REPO, STAGING_PREFIX, read_jsonl, small_run, yolo_ray
 
 
 def _ranks(run_dir: Path) -> list[dict]:
@@ -125,23 +126,26 @@ def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, shapes: Pat
     _learns_like_ultralytics_loader(run_dir, ddp_run, "device loader")
 
 
-# The sharded run is shorter than the learning runs: what it adds to the device loader is only which images each
-# rank draws (tests/data/test_device_loader.py checks those shards and that a rank's rows equal the replicated
-# cache's), so it checks that the two ranks train one model that learns, not parity at 20 epochs. Measured here
-# at 20 epochs, mAP50-95: sharded 0.693-0.756, replicated 0.690, Ultralytics' loader 0.704; and on 2 x H200
-# after 5 epochs of 12288 images: sharded 0.99343, replicated 0.99353 (README, "Two GPUs ..."). At 12 epochs here
-# mAP50 rose from 0 (epochs 1-3) to 0.63 (~135 s instead of ~190 s at 20).
-SHARDED_EPOCHS = 12
+# The sharded run checks mechanics on the small dataset: what it adds to the device loader is only which images each
+# rank draws and holds, and tests/data/test_device_loader.py checks those shards and that a rank's rows equal the
+# replicated cache's, so the learning the replicated run shows above carries over. Learning itself, measured here at
+# 20 epochs, mAP50-95: sharded 0.693-0.756, replicated 0.690, Ultralytics' loader 0.704; and on 2 x H200 after 5
+# epochs of 12288 images: sharded 0.99343, replicated 0.99353 (README, "Two GPUs ...").
+SHARDED_EPOCHS = 3
 
 
-def test_sharded_device_cache_learns_one_model(shapes: Path, tmp_path: Path) -> None:
+def test_sharded_device_cache_trains_one_model(shapes_small: Path, tmp_path: Path) -> None:
     """data.device_cache=sharded: each of the 2 workers decodes and holds only its half of the images (what lets N
-    GPUs cache N times the data), trains on it, and the two still train one model, which learns."""
-    run_dir = _device_loader_run(shapes, tmp_path, "sharded", "data.device_cache=sharded", epochs=SHARDED_EPOCHS)
+    GPUs cache N times the data), draws its batches from that half only, and the two still train one model."""
+    args = small_run(shapes_small, tmp_path, "sharded", "data.loader=device", "data.device_cache=sharded")
+    proc = yolo_ray("train", *args, f"train.epochs={SHARDED_EPOCHS}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    run_dir = tmp_path / "sharded"
     ranks = _ranks(run_dir)
-    assert [r["cached_images"] for r in ranks] == [192, 192]
+    assert [r["cached_images"] for r in ranks] == [48, 48]
     shard0, shard1 = (set(r["shard_indices_epoch0"]) for r in ranks)
-    assert not shard0 & shard1 and len(shard0 | shard1) == 384
+    assert not shard0 & shard1 and len(shard0 | shard1) == 96
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]
-    history = _trained_and_learned(run_dir, SHARDED_EPOCHS, window=3)
-    print("mAP50 by epoch, sharded:", [round(h["mAP50"], 3) for h in history])
+    history = read_jsonl(run_dir / "history.jsonl")
+    assert [h["epoch"] for h in history] == list(range(1, SHARDED_EPOCHS + 1))
+    assert all(math.isfinite(h["train/box_loss"]) for h in history)
