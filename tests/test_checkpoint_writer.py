@@ -1,11 +1,16 @@
-"""The background checkpoint save writes what Ultralytics' own save_model writes, keeps each epoch's file, and hands a
-non-finite EMA to Ultralytics' synchronous save (which repairs it). A real 2-epoch CPU training, one process."""
+"""The background checkpoint save writes what Ultralytics' own save_model writes, keeps each epoch's file, hands a
+non-finite EMA to Ultralytics' synchronous save (which repairs it), and a writer process that dies fails the next
+save loudly. A real 2-epoch training in this process, on the CPU (and on a GPU where there is one: the writer process
+must never touch it)."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from yolo_ray import ultralytics_env
@@ -13,14 +18,15 @@ from yolo_ray.checkpoint_writer import weights_digest
 
 
 def _assert_same(ours: Any, theirs: Any, where: str = "ckpt") -> None:
-    """Equal values, tensors bit for bit and of the same dtype; modules by class, state and public attributes."""
+    """Equal values, tensors bit for bit and of the same dtype (on the CPU: the writer's copies live there, and
+    loading maps upstream's there too); modules by class, state and public attributes."""
     if isinstance(ours, torch.nn.Module):
         assert type(ours) is type(theirs), where
         _assert_same(ours.state_dict(), theirs.state_dict(), f"{where}.state_dict()")
         public = ({k: v for k, v in vars(m).items() if not k.startswith("_")} for m in (ours, theirs))
         _assert_same(*public, f"{where} attributes")
     elif isinstance(ours, torch.Tensor):
-        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), where
+        assert ours.dtype == theirs.dtype and torch.equal(ours.cpu(), theirs.cpu()), where
     elif isinstance(ours, dict):
         assert ours.keys() == theirs.keys(), where
         for k in ours:
@@ -33,7 +39,10 @@ def _assert_same(ours: Any, theirs: Any, where: str = "ckpt") -> None:
         assert ours == theirs, where
 
 
-def test_background_save_is_ultralytics_checkpoint(shapes_small: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_background_save_is_ultralytics_checkpoint(device: str, shapes_small: Path, tmp_path: Path) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU here (run it with the device tool)")
     ultralytics_env.setup()
     from ultralytics.models.yolo.detect import DetectionTrainer
 
@@ -51,8 +60,11 @@ def test_background_save_is_ultralytics_checkpoint(shapes_small: Path, tmp_path:
         "close_mosaic": 0,
         "project": str(tmp_path),
         "name": "run",
+        "device": "cpu" if device == "cpu" else "0",
     }
-    trainer = RayDetectionTrainer(overrides, device=torch.device("cpu"), world_size=1)
+    trainer = RayDetectionTrainer(
+        overrides, device=torch.device(device, 0) if device == "cuda" else torch.device(device), world_size=1
+    )
     staged: dict[int, Path] = {}
 
     def compare_with_ultralytics_save(tr: Any) -> None:  # on_fit_epoch_end: after this epoch's save_model
@@ -91,3 +103,13 @@ def test_background_save_is_ultralytics_checkpoint(shapes_small: Path, tmp_path:
     assert torch.isfinite(weight).all()
     assert trainer.writer.saved(7).directory.joinpath("last.pt").is_file()
     assert torch.load(trainer.last, weights_only=False)["epoch"] == 7
+
+    # The writer process dies (say, killed for memory): the next save fails loudly instead of losing checkpoints
+    writer = trainer.writer._proc
+    assert writer is not None and writer.pid != os.getpid() and writer.is_alive()
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join(10)
+    trainer.epoch = 8
+    with pytest.raises(RuntimeError, match="checkpoint writer process exited"):
+        trainer.save_model()
+    trainer.writer.close()
