@@ -1,12 +1,9 @@
-"""The background checkpoint save writes what Ultralytics' own save_model writes, keeps each epoch's file, hands a
-non-finite EMA to Ultralytics' synchronous save (which repairs it), and a writer process that dies fails the next
-save loudly. A real 2-epoch training in this process, on the CPU (and on a GPU where there is one: the writer process
-must never touch it)."""
+"""The background checkpoint save writes what Ultralytics' own save_model writes, keeps each epoch's file, and hands a
+non-finite EMA to Ultralytics' synchronous save (which repairs it). A real 2-epoch training in one process, on the CPU
+and, where there is one, on a GPU."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +15,8 @@ from yolo_ray.checkpoint_writer import weights_digest
 
 
 def _assert_same(ours: Any, theirs: Any, where: str = "ckpt") -> None:
-    """Equal values, tensors bit for bit and of the same dtype (on the CPU: the writer's copies live there, and
-    loading maps upstream's there too); modules by class, state and public attributes."""
+    """Equal values, tensors bit for bit and of the same dtype (compared on the CPU: the writer's module copy lives
+    there, and loading maps upstream's there too); modules by class, state and public attributes."""
     if isinstance(ours, torch.nn.Module):
         assert type(ours) is type(theirs), where
         _assert_same(ours.state_dict(), theirs.state_dict(), f"{where}.state_dict()")
@@ -104,12 +101,4 @@ def test_background_save_is_ultralytics_checkpoint(device: str, shapes_small: Pa
     assert trainer.writer.saved(7).directory.joinpath("last.pt").is_file()
     assert torch.load(trainer.last, weights_only=False)["epoch"] == 7
 
-    # The writer process dies (say, killed for memory): the next save fails loudly instead of losing checkpoints
-    writer = trainer.writer._proc
-    assert writer is not None and writer.pid != os.getpid() and writer.is_alive()
-    os.kill(writer.pid, signal.SIGKILL)
-    writer.join(10)
-    trainer.epoch = 8
-    with pytest.raises(RuntimeError, match="checkpoint writer process exited"):
-        trainer.save_model()
     trainer.writer.close()

@@ -9,7 +9,7 @@ gathered to rank 0, rank-0-only saving, the early-stop broadcast. What changes:
 - the process group already exists (Ray made it): `_setup_ddp` only pins the device Ray gave this worker;
 - DDP on CPU gets no `device_ids` (Ultralytics passes `[None]`, which DDP rejects), and sync-BN converts the model
   right before the wrap;
-- the per-epoch checkpoint is Ultralytics' save_model run on a host snapshot by a writer process
+- the per-epoch checkpoint is Ultralytics' save_model run on a host snapshot by a writer thread
   (checkpoint_writer.py), not on the training thread while every rank waits;
 - optionally the train loader is yolo_ray's DeviceLoader (decoded images on the device, batched augmentation there),
   the model and inputs use channels_last memory, and the model's forward and backward replay CUDA graphs (through
@@ -151,7 +151,7 @@ class RayDetectionTrainer(DetectionTrainer):
         return self._val_timed[1]
 
     def save_model(self) -> bool:
-        """Rank 0's checkpoint: snapshot now, written by the writer process. Ultralytics then fires on_model_save
+        """Rank 0's checkpoint: snapshot now, written by the writer thread. Ultralytics then fires on_model_save
         before the file exists; yolo_ray waits for it through `writer.saved(epoch)` (nothing listens to that event)."""
         if self.writer.save():
             return True

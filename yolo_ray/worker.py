@@ -134,7 +134,7 @@ def reconcile_history(run_dir: Path, ckpt_dir: Path) -> None:
 class EpochReporter:
     """Ultralytics callbacks that time each epoch and hand metrics plus a checkpoint to Ray Train.
 
-    Rank 0's checkpoint is written by the trainer's writer process; Ray persists it through its asynchronous upload
+    Rank 0's checkpoint is written by the trainer's writer thread; Ray persists it through its asynchronous upload
     (a thread of Ray's that waits for the file, copies it to storage, then registers it), so the training thread
     goes on to the next epoch at once. history.jsonl still gets an epoch's line only after its checkpoint is on
     storage."""
