@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO, yolo_ray
+from conftest import REPO, small_data, yolo_ray
 
 from yolo_ray import config
 from yolo_ray.config import ConfigError
@@ -117,10 +117,7 @@ def test_cli_missing_weights(tmp_path: Path) -> None:
 def test_cli_more_workers_than_the_cluster_can_give(shapes_small: Path, tmp_path: Path) -> None:
     proc = yolo_ray(
         "train",
-        f"data.dir={shapes_small}",
-        "data.synthetic.images=96",
-        "data.synthetic.imgsz=64",
-        "data.synthetic.seed=1",
+        *small_data(shapes_small),
         "scaling.num_workers=64",
         "train.batch=64",
         f"run.storage_path={tmp_path}",
@@ -132,9 +129,9 @@ def test_cli_more_workers_than_the_cluster_can_give(shapes_small: Path, tmp_path
 
 def test_cli_cuda_graphs_on_a_cpu_only_cluster(shapes_small: Path, tmp_path: Path) -> None:
     """scaling.use_gpu: auto resolves to CPUs here: graphs are refused once Ray says so, before any worker starts."""
-    proc = yolo_ray(
-        "train", f"data.dir={shapes_small}", "train.cuda_graphs=true", f"run.storage_path={tmp_path}", cwd=tmp_path
-    )
+    # the small set's own spec: another would regenerate it in place under every later test that uses it
+    args = [*small_data(shapes_small), "train.cuda_graphs=true", f"run.storage_path={tmp_path}"]
+    proc = yolo_ray("train", *args, cwd=tmp_path)
     _assert_clean_error(proc, "train.cuda_graphs", "trains on CPUs")
     assert not (tmp_path / "smoke" / "ranks").exists()
 
