@@ -12,6 +12,7 @@ import shutil
 import socket
 import threading
 import time
+from concurrent.futures import Future
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -194,8 +195,7 @@ class EpochReporter:
     def _report_with_checkpoint(self, epoch: int, metrics: dict, t_fit_end: float) -> None:
         writer = self.trainer.writer
         storage = ray.train.get_context().get_storage()
-        reported = threading.Event()
-        report_s: list[float] = []
+        report_s: Future[float] = Future()  # the training thread's hand-off time, set once report() returns
         persisted = self.persisting[epoch] = threading.Event()
 
         def persist(_: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
@@ -210,12 +210,12 @@ class EpochReporter:
                     ray.train.Checkpoint.from_directory(saved.directory), dir_name
                 )
                 writer.release(epoch)
-                reported.wait(timeout=60)
                 # report_s: the training thread's share (metrics, checkpoint hand-off); persist_s: this thread's
-                append_history(
-                    self.run_dir,
-                    {**row, "report_s": report_s[0] if report_s else None, "persist_s": time.perf_counter() - t0},
-                )
+                try:
+                    handed_off = report_s.result(timeout=60)
+                except TimeoutError:
+                    handed_off = None
+                append_history(self.run_dir, {**row, "report_s": handed_off, "persist_s": time.perf_counter() - t0})
                 return stored
             finally:
                 persisted.set()
@@ -227,8 +227,7 @@ class EpochReporter:
             checkpoint_upload_fn=persist,
             delete_local_checkpoint_after_upload=False,  # the writer's staging: released in persist
         )
-        report_s.append(time.perf_counter() - t_fit_end)
-        reported.set()
+        report_s.set_result(time.perf_counter() - t_fit_end)
 
     def drain(self, timeout: float = 300) -> None:
         """Wait until every checkpoint handed to Ray is on storage."""
