@@ -12,7 +12,7 @@ import shutil
 import socket
 import threading
 import time
-from concurrent.futures import Future
+from concurrent import futures
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -195,7 +195,7 @@ class EpochReporter:
     def _report_with_checkpoint(self, epoch: int, metrics: dict, t_fit_end: float) -> None:
         writer = self.trainer.writer
         storage = ray.train.get_context().get_storage()
-        report_s: Future[float] = Future()  # the training thread's hand-off time, set once report() returns
+        report_s: futures.Future[float] = futures.Future()  # the hand-off time, set once report() returns
         persisted = self.persisting[epoch] = threading.Event()
 
         def persist(_: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
@@ -213,7 +213,7 @@ class EpochReporter:
                 # report_s: the training thread's share (metrics, checkpoint hand-off); persist_s: this thread's
                 try:
                     handed_off = report_s.result(timeout=60)
-                except TimeoutError:
+                except futures.TimeoutError:  # the builtin TimeoutError only from Python 3.11
                     handed_off = None
                 append_history(self.run_dir, {**row, "report_s": handed_off, "persist_s": time.perf_counter() - t0})
                 return stored
