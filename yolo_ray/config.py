@@ -30,12 +30,14 @@ class ConfigError(ValueError):
 
 @dataclass
 class SyntheticData:
-    """Size of the generated shapes dataset (used when data.path is `synthetic`)."""
+    """The generated dataset (used when data.path is `synthetic`): `shapes` (square, few large objects: quick, for
+    mechanics) or `real` (scenes shaped like real data: sizes, crowds, small objects, occlusion, clutter)."""
 
     images: int = 384
     imgsz: int = 128
     classes: int = 3
     seed: int = 0
+    style: Literal["shapes", "real"] = "shapes"
 
 
 @dataclass

@@ -17,7 +17,7 @@ def prepare(cfg: ExperimentConfig) -> Path:
     """The data.yaml to train on: generated for `synthetic`, else checked. Raises ConfigError on bad data."""
     if cfg.data.path == "synthetic":
         s = cfg.data.synthetic
-        spec = synth.SynthSpec(images=s.images, imgsz=s.imgsz, classes=s.classes, seed=s.seed)
+        spec = synth.SynthSpec(images=s.images, imgsz=s.imgsz, classes=s.classes, seed=s.seed, style=s.style)
         return synth.ensure(cfg.data.dir, spec)
     data_yaml = Path(cfg.data.path).expanduser().resolve()
     check(data_yaml, cfg.source)
@@ -54,7 +54,7 @@ def _image_files(entry: str | list, root: Path) -> tuple[list[Path], list[Path]]
     return images, missing
 
 
-def _label_file(image: Path) -> Path:
+def label_file(image: Path) -> Path:
     parts = list(image.parts)
     for i in range(len(parts) - 1, -1, -1):  # Ultralytics' rule: the last /images/ becomes /labels/
         if parts[i] == "images":
@@ -110,7 +110,7 @@ def check(data_yaml: Path, source: str) -> None:
                 source, key, f"its {split} folder holds no images.", f"put images (.jpg/.png) under {data[split]}."
             )
         with ThreadPoolExecutor(16) as pool:
-            for bad in pool.map(lambda im: _bad_class(_label_file(im), len(names)), images):
+            for bad in pool.map(lambda im: _bad_class(label_file(im), len(names)), images):
                 if bad:
                     f, line, cls = bad
                     raise ConfigError(

@@ -1,14 +1,20 @@
-"""A generated, learnable detection dataset: coloured shapes on textured backgrounds, in YOLO format.
+"""Generated, learnable detection datasets in YOLO format, in two styles.
 
-Each class is a shape (circle, square, triangle, ...). Backgrounds are smooth colour noise with stripes so the
-detector must learn shape, not colour or contrast alone. Images are written in parallel, one seed per image, so a
-dataset is reproducible whatever the number of processes.
+`shapes`: coloured shapes on textured backgrounds, square images with 1-4 large, well-separated objects. Each class
+is a shape (circle, square, triangle, ...); backgrounds are smooth colour noise with stripes so the detector must
+learn shape, not colour or contrast alone. Quick to learn: for tests of mechanics.
+
+`real` (scenes.py): the same classes in scenes shaped like real data (many image sizes and aspect ratios, 0-15
+objects of log-uniform size, occlusion, clutter, empty, grey and PNG images): what learning and parity are judged on.
+
+Images are written in parallel, one seed per image, so a dataset is reproducible whatever the number of processes.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,27 +24,44 @@ import numpy as np
 import yaml
 
 SHAPES = ("circle", "square", "triangle", "cross", "diamond", "hexagon", "star", "ring")
+STYLES = ("shapes", "real")
 
 
 @dataclass(frozen=True)
 class SynthSpec:
-    """What to generate; `images` is the train split size, val gets a fifth of it (at least 8)."""
+    """What to generate; `images` is the train split size, val gets a fifth of it (at least 8). imgsz: the square
+    side (shapes) or the scale of the image sizes (real: 320x240 to 1280x720 at 640). max_objects: 0 is the style's
+    own (4 for shapes, 15 for real)."""
 
     images: int = 256
     imgsz: int = 128
     classes: int = 3
     seed: int = 0
-    max_objects: int = 4
+    max_objects: int = 0
+    style: str = "shapes"
 
     @property
     def val_images(self) -> int:
         return max(8, self.images // 5)
 
+    @property
+    def objects_limit(self) -> int:
+        return self.max_objects or (15 if self.style == "real" else 4)
+
+    def record(self) -> dict:
+        """What data.yaml records of the spec, to tell whether a generated set is the one asked for."""
+        out = {"images": self.images, "imgsz": self.imgsz, "classes": self.classes, "seed": self.seed}
+        if self.style != "shapes" or self.max_objects:  # sets generated before styles existed stay valid
+            out.update(style=self.style, max_objects=self.objects_limit)
+        return out
+
     def validate(self) -> None:
+        if self.style not in STYLES:
+            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
         if not 1 <= self.classes <= len(SHAPES):
             raise ValueError(f"classes must be between 1 and {len(SHAPES)} (one per shape), got {self.classes}")
-        if self.images < 1 or self.imgsz < 32 or self.max_objects < 1:
-            raise ValueError("images >= 1, imgsz >= 32 and max_objects >= 1 are required")
+        if self.images < 1 or self.imgsz < 32 or self.max_objects < 0:
+            raise ValueError("images >= 1, imgsz >= 32 and max_objects >= 0 are required")
 
 
 def _background(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -98,12 +121,16 @@ def make_image(
     spec: SynthSpec, index: int, split_seed: int
 ) -> tuple[np.ndarray, list[tuple[int, float, float, float, float]]]:
     """One image and its YOLO labels (class, cx, cy, w, h normalised); deterministic in (seed, split, index)."""
+    if spec.style == "real":
+        from yolo_ray.data.scenes import make_scene
+
+        return make_scene(index, split_seed, spec.seed, spec.imgsz, spec.classes, spec.objects_limit)
     rng = np.random.default_rng([spec.seed, split_seed, index])
     size = spec.imgsz
     img = _background(rng, size)
     labels: list[tuple[int, float, float, float, float]] = []
     placed: list[tuple[float, float, float]] = []
-    for _ in range(int(rng.integers(1, spec.max_objects + 1))):
+    for _ in range(int(rng.integers(1, spec.objects_limit + 1))):
         for _attempt in range(20):  # keep objects apart so every one is visible
             r = float(rng.uniform(0.08, 0.2) * size)
             cx, cy = (float(v) for v in rng.uniform(r + 1, size - r - 1, 2))
@@ -125,7 +152,12 @@ def _write_chunk(args: tuple[SynthSpec, str, int, int, int]) -> int:
     root = Path(split_dir)
     for i in range(start, stop):
         img, labels = make_image(spec, i, split_seed)
-        cv2.imwrite(str(root / "images" / f"{i:06d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 92])
+        suffix, params = ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 92]
+        if spec.style == "real":
+            from yolo_ray.data.scenes import encoding
+
+            suffix, params = encoding(i, split_seed, spec.seed)
+        cv2.imwrite(str(root / "images" / f"{i:06d}{suffix}"), img, params)
         lines = "".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
         (root / "labels" / f"{i:06d}.txt").write_text(lines)
     return stop - start
@@ -154,7 +186,7 @@ def generate(out_dir: str | os.PathLike, spec: SynthSpec, processes: int | None 
         "train": "train/images",
         "val": "val/images",
         "names": {i: SHAPES[i] for i in range(spec.classes)},
-        "synthetic": {"images": spec.images, "imgsz": spec.imgsz, "classes": spec.classes, "seed": spec.seed},
+        "synthetic": spec.record(),
     }
     data_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
     return data_yaml
@@ -163,9 +195,11 @@ def generate(out_dir: str | os.PathLike, spec: SynthSpec, processes: int | None 
 def ensure(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
     """Generate once: reuse out_dir when its data.yaml records the same spec (safe to call from every run)."""
     data_yaml = Path(out_dir).resolve() / "data.yaml"
-    want = {"images": spec.images, "imgsz": spec.imgsz, "classes": spec.classes, "seed": spec.seed}
     if data_yaml.exists():
         have = (yaml.safe_load(data_yaml.read_text()) or {}).get("synthetic")
-        if have == want:
+        if have == spec.record():
             return data_yaml
+        if isinstance(have, dict):  # a set this module generated with another spec: no stale images left in
+            for split in ("train", "val"):
+                shutil.rmtree(data_yaml.parent / split, ignore_errors=True)
     return generate(out_dir, spec)
