@@ -6,11 +6,25 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from conftest import LEARN_EPOCHS, REPO, STAGING_PREFIX, read_jsonl, small_run, yolo_ray
 
 
 def _ranks(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
+
+
+def test_two_scorers_agree_on_trained_weights(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
+    """The parity benchmark's independent scorer: pycocotools' COCOeval on ground truth built from the label files
+    agrees with Ultralytics' validator on a model that learned (COCO's AP by size reported beside it)."""
+    from yolo_ray import coco_eval
+
+    scores = coco_eval.score(ddp_run / "train" / "weights" / "best.pt", shapes / "data.yaml", 128, "cpu", tmp_path)
+    own, coco = scores["ultralytics"], scores["coco"]
+    assert own["mAP50-95"] > 0.3, scores
+    assert coco["AP"] == pytest.approx(own["mAP50-95"], abs=0.01), scores
+    assert coco["AP50"] == pytest.approx(own["mAP50"], abs=0.01), scores
+    assert coco["AP_medium"] is not None and coco["AP_large"] is not None
 
 
 def test_ddp_is_real(ddp_run: Path) -> None:

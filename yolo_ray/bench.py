@@ -34,6 +34,8 @@ class BenchSettings:
     model: str = "yolo11n.yaml"
     imgsz: int = 640
     images: int = 4096
+    style: str = "real"  # the generated data: real-shaped scenes (data.synthetic.style), or `shapes`
+    classes: int = 5
     epochs: int = 5
     batch_per_gpu: int = 64
     workers: int = 8  # loader processes per GPU (per Ray worker)
@@ -67,6 +69,8 @@ class BenchSettings:
             ceiling_steps=3,
             throughput_batch_per_gpu=0,
             profile_steps=2,  # a 2-worker epoch here has 4 batches: 2 skipped, 2 profiled
+            style="shapes",  # mechanics only: parity on real-shaped data is `--parity --cpu`
+            classes=3,
             data_dir="datasets/bench-cpu",
             out_dir="benchmarks/runs-cpu",
         )
@@ -204,7 +208,8 @@ def _overrides(
         f"data.dir={s.data_dir}",
         f"data.synthetic.images={s.images}",
         f"data.synthetic.imgsz={s.imgsz}",
-        "data.synthetic.classes=3",
+        f"data.synthetic.classes={s.classes}",
+        f"data.synthetic.style={s.style}",
         f"train.imgsz={s.imgsz}",
         f"train.epochs={s.epochs}",
         f"train.batch={batch_per_gpu * workers}",
@@ -318,7 +323,7 @@ def _step_ceiling(s: BenchSettings, device: str, batch: int, graphs: bool) -> di
     from ultralytics.utils import DEFAULT_CFG
 
     dev = torch.device(device)
-    model = DetectionModel(s.model, nc=3, verbose=False).to(dev)
+    model = DetectionModel(s.model, nc=s.classes, verbose=False).to(dev)
     model.args = DEFAULT_CFG
     channels_last = dev.type == "cuda"
     if channels_last:
@@ -417,7 +422,7 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
 
     gpus = 0 if cpu else (s.gpus or torch.cuda.device_count())
     variants = plan(s, gpus, cpu)  # bad options fail here, before any data or GPU work
-    ensure(s.data_dir, SynthSpec(images=s.images, imgsz=s.imgsz, classes=3))
+    ensure(s.data_dir, SynthSpec(images=s.images, imgsz=s.imgsz, classes=s.classes, style=s.style))
     Path(s.out_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), "YOLO_OFFLINE": "1"}
     results: list[dict[str, Any]] = []

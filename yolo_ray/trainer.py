@@ -67,6 +67,7 @@ class RayDetectionTrainer(DetectionTrainer):
         self.world_size = world_size  # global, from Ray
         self.ddp = False  # never spawn torch.distributed.run: Ray owns the processes
         self.writer = CheckpointWriter(self, DetectionTrainer.save_model)
+        self.add_callback("on_train_epoch_start", _set_sampler_epoch)
 
     def _setup_ddp(self) -> None:
         """Ray already called init_process_group; only pin this worker's device."""
@@ -179,6 +180,17 @@ class RayDetectionTrainer(DetectionTrainer):
         """SHA-256 of the trained parameters (not buffers: BN running stats are per rank, as upstream); as_saved:
         rounded to fp16 as last.pt stores them (a resumed model's weights are exactly those values)."""
         return weights_digest(unwrap_model(self.model), as_saved=as_saved)
+
+
+def _set_sampler_epoch(trainer: RayDetectionTrainer) -> None:
+    """Every epoch its own shuffle (and, for the device loader, its own augmentation stream, seeded by the epoch).
+
+    Ultralytics calls `sampler.set_epoch` only when its RANK is not -1, and it sets RANK to -1 whenever WORLD_SIZE is
+    1: a one-worker run (one GPU) would replay epoch 0's order, and the device loader epoch 0's augmented batches,
+    in every epoch. Idempotent where Ultralytics sets it too (several workers)."""
+    sampler = getattr(trainer.train_loader, "sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(trainer.epoch)
 
 
 # How yolo_ray's DDP differs from Ultralytics' (find_unused_parameters=True, per-parameter gradient copies): the

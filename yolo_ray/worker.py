@@ -278,6 +278,7 @@ def write_rank_record(trainer: Any, run_dir: Path, ctx: Any, device: torch.devic
         "accumulate": trainer.accumulate,
         "shard_indices_epoch0": trainer.shard_indices,
         "cached_images": len(trainer.train_loader.cache) if hasattr(trainer.train_loader, "cache") else None,
+        "loader_epochs": getattr(trainer.train_loader, "epochs_served", None),  # device loader: epoch of each pass
     }
     out = run_dir / "ranks"
     out.mkdir(parents=True, exist_ok=True)

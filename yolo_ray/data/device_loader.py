@@ -397,6 +397,7 @@ class DeviceLoader:
     ):
         self.dataset, self.cache, self.batch_size, self.hyp = dataset, cache, batch_size, hyp
         self.rank, self.seed = rank, seed
+        self.epochs_served: list[int] = []  # the sampler epoch of each pass, in order (rank records, tests)
         self.sampler: DistributedSampler | ShardSampler = (
             DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
             if cache.ids is None
@@ -408,6 +409,7 @@ class DeviceLoader:
 
     def __iter__(self) -> Any:
         dev = self.cache.images.device
+        self.epochs_served.append(self.sampler.epoch)
         if isinstance(self.sampler, ShardSampler):  # cache rows, and the dataset images they hold
             rows = self.sampler.rows()
             order = [self.sampler.ids[r] for r in rows]
