@@ -144,3 +144,52 @@ def test_accumulate_maps_to_ultralytics_nbs(tmp_path: Path) -> None:
     # Ultralytics: accumulate = round(nbs / batch) = 3; weight decay * batch * accumulate / nbs = unchanged.
     assert (o["batch"], o["nbs"], o["weight_decay"]) == (16, 48, 0.0005)
     assert "nbs" not in ultralytics_overrides(config.load(None, ["train.accumulate=null"]), "m", tmp_path, tmp_path)
+
+
+def test_ultralytics_style_keys_map_onto_the_config(shapes_small: Path) -> None:
+    """A line in Ultralytics' words (`yolo train data=... epochs=... imgsz=... batch=... device=0,1 mosaic=0.5`)
+    means the same as its dotted form; other Ultralytics train arguments go to train.extra."""
+    data = str(shapes_small / "data.yaml")
+    line = [f"data={data}", "model=yolo11n.yaml", "epochs=3", "imgsz=64", "batch=16", "lr0=0.02", "mosaic=0.5"]
+    cfg = config.load(None, [*line, "hsv_h=0.01", "device=0,1", "name=uk", "project=somewhere"])
+    assert (cfg.data.path, cfg.model, cfg.train.epochs, cfg.train.imgsz, cfg.train.batch) == (
+        data,
+        "yolo11n.yaml",
+        3,
+        64,
+        16,
+    )
+    assert cfg.train.lr0 == 0.02 and cfg.train.extra == {"mosaic": 0.5, "hsv_h": 0.01}
+    assert (cfg.scaling.use_gpu, cfg.scaling.num_workers) == (True, 2)
+    assert (cfg.run.name, cfg.run.storage_path) == ("uk", "somewhere")
+    assert config.load(None, ["device=cpu"]).scaling.use_gpu is False
+    dotted = config.load(None, [f"data.path={data}", "train.epochs=3", "train.extra.mosaic=0.5"])
+    assert (dotted.data.path, dotted.train.epochs, dotted.train.extra) == (data, 3, {"mosaic": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "words"),
+    [
+        (["epochs=3", "train.epochs=5"], "train.epochs", "set twice"),
+        (["mosaic=0.5", "train.extra.mosaic=0.3"], "train.extra.mosaic", "set twice"),
+        (["device=0,1", "scaling.num_workers=4"], "scaling.num_workers", "set twice"),
+        (["device=gpu"], "device", "device=0,1"),
+        (["resume=true"], "resume", "resumes by itself"),
+        (["epochz=3"], "epochz", "unknown key"),
+    ],
+)
+def test_ultralytics_style_key_errors(overrides: list[str], key: str, words: str, tmp_path: Path) -> None:
+    """Both names for one key is an error naming both; Ultralytics keys yolo_ray manages say what to do instead."""
+    with pytest.raises(config.ConfigError) as err:
+        config.load(None, overrides)
+    assert err.value.key == key and words in str(err.value)
+    proc = yolo_ray("check", *overrides, "--no-data", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout and key in proc.stdout
+
+
+def test_error_paragraphs_have_no_runs_of_spaces(tmp_path: Path) -> None:
+    err = config.ConfigError("f.yaml", "model", "no such   model\n    file.", "use   e.g. yolo11n.yaml")
+    assert str(err) == "f.yaml: model: no such model file. Fix: use e.g. yolo11n.yaml"
+    proc = yolo_ray("check", "train.batch=33", "scaling.num_workers=2", "--no-data", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert all("  " not in line.strip() for line in proc.stdout.splitlines()), proc.stdout

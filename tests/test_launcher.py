@@ -24,7 +24,35 @@ def test_two_scorers_agree_on_trained_weights(ddp_run: Path, shapes: Path, tmp_p
     assert own["mAP50-95"] > 0.3, scores
     assert coco["AP"] == pytest.approx(own["mAP50-95"], abs=0.01), scores
     assert coco["AP50"] == pytest.approx(own["mAP50"], abs=0.01), scores
-    assert coco["AP_medium"] is not None and coco["AP_large"] is not None
+    # 128 px shapes are small and medium objects (COCO's large starts at 96^2 px): AP_large has no objects to score
+    assert coco["AP_small"] is not None and coco["AP_medium"] is not None and coco["AP_large"] is None
+
+
+def test_each_progress_line_is_printed_once(ddp_run: Path) -> None:
+    """What the user reads: each epoch's line and the export line once (Ray Train's print patch printed every
+    worker `print` twice)."""
+    (log,) = [p for p in ddp_run.parent.glob("cli-*.log") if "[yolo_ray] epoch 1/" in p.read_text()]
+    lines = [ln[ln.index("[yolo_ray]") :] for ln in log.read_text().splitlines() if "[yolo_ray]" in ln]
+    epochs = [ln for ln in lines if ln.startswith("[yolo_ray] epoch ")]
+    assert [ln.split()[2] for ln in epochs] == [f"{e}/{LEARN_EPOCHS}" for e in range(1, LEARN_EPOCHS + 1)]
+    assert sum(ln.startswith("[yolo_ray] exported ") for ln in lines) == 1
+    assert len(lines) == len(set(lines)), [ln for ln in lines if lines.count(ln) > 1]
+
+
+def test_a_finished_run_rerun_with_other_settings_is_refused(ddp_run: Path, shapes: Path) -> None:
+    """Re-running a finished run: the same settings say so and exit 0; other settings (dotted or in Ultralytics'
+    words) exit 2 naming each changed key with its old and new value, before Ray starts, and the run is untouched."""
+    before = (ddp_run / "summary.json").read_text()
+    same = [str(REPO / "experiments" / "smoke.yaml"), f"data.dir={shapes}", f"train.epochs={LEARN_EPOCHS}"]
+    same += [f"run.storage_path={ddp_run.parent}", "run.name=learn", "tracking.enabled=false"]
+    again = yolo_ray("train", *same, cwd=ddp_run.parent)
+    assert again.returncode == 0 and "already finished" in again.stdout, again.stdout[-2000:]
+    changed = yolo_ray("train", *same, "train.lr0=0.02", "mosaic=0.5", cwd=ddp_run.parent)
+    assert changed.returncode == 2 and "Traceback" not in changed.stdout, changed.stdout[-2000:]
+    text = " ".join(changed.stdout.split())
+    assert "train.lr0: 0.01 -> 0.02" in text and "train.extra.mosaic: None -> 0.5" in text and "new run.name" in text
+    assert "Started a local Ray" not in changed.stdout
+    assert (ddp_run / "summary.json").read_text() == before
 
 
 def test_ddp_is_real(ddp_run: Path) -> None:

@@ -21,6 +21,12 @@ examples:
 """
 
 
+def _ultralytics_help() -> str:
+    from yolo_ray.ultralytics_keys import help_text
+
+    return help_text()
+
+
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
     """[CONFIG] key=value ... -> (config or None, overrides)."""
     if args and "=" not in args[0]:
@@ -34,9 +40,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
     path, overrides = _split(ns.args)
     cfg = config.load(path, overrides)
     if ns.native:
-        from yolo_ray.native import train_native
+        from yolo_ray.native import native_device, train_native
 
-        summary = train_native(cfg, device=ns.device)
+        summary = train_native(cfg, device=ns.device or native_device(cfg))
         print(f"[yolo_ray] native Ultralytics: {json.dumps(summary['final'])}")
     else:
         summary = launcher.train(cfg)
@@ -198,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train an experiment on Ray (local or a cluster)",
         description="Train YOLO11 with DDP on Ray Train. CONFIG is an experiment YAML (default: the "
-        "embedded smoke experiment); key=value pairs override it, e.g. train.epochs=5.",
+        "embedded smoke experiment); key=value pairs override it, e.g. train.epochs=5, or in Ultralytics' own "
+        "words, e.g. epochs=5 imgsz=640 batch=64 data=coco.yaml device=0,1. " + _ultralytics_help(),
     )
     t.add_argument("args", nargs="*", metavar="[CONFIG] key=value", help="experiment YAML and overrides")
     t.add_argument(
@@ -206,7 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train the same experiment with plain Ultralytics in this process (baseline, no Ray)",
     )
-    t.add_argument("--device", default="cpu", help="with --native: Ultralytics' device, e.g. 0, or 0,1 for its own DDP")
+    t.add_argument(
+        "--device",
+        default=None,
+        help="with --native: Ultralytics' device, e.g. cpu, 0, or 0,1 for its own DDP (default: from the config's "
+        "scaling.use_gpu and scaling.num_workers: all local GPUs for auto)",
+    )
     t.set_defaults(func=cmd_train)
 
     u = sub.add_parser(

@@ -24,6 +24,7 @@ class ConfigError(ValueError):
     """A bad experiment config: one paragraph naming the file, the key and the fix."""
 
     def __init__(self, source: str, key: str, problem: str, fix: str):
+        problem, fix = " ".join(problem.split()), " ".join(fix.split())  # no runs of spaces from wrapped literals
         self.source, self.key, self.problem, self.fix = source, key, problem, fix
         super().__init__(f"{source}: {key}: {problem} Fix: {fix}")
 
@@ -319,7 +320,11 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Experim
         except yaml.YAMLError as e:
             raise ConfigError(source, "<file>", f"is not valid YAML ({e}).", "fix the YAML syntax.") from None
     if overrides:
-        raw = parse_overrides(overrides, source=f"{source} (command-line override)", into=raw)
+        from yolo_ray import ultralytics_keys
+
+        where = f"{source} (command-line override)"
+        overrides = ultralytics_keys.translate(overrides, where, ultralytics_train_keys() - MANAGED_KEYS)
+        raw = parse_overrides(overrides, source=where, into=raw)
     return from_dict(raw, source)
 
 

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from yolo_ray import run_lock
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.data import checks
@@ -98,13 +100,55 @@ def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: s
     started = time.time()
     model, data_yaml = prepare(cfg)
     run_dir = (Path(cfg.run.storage_path).expanduser() / cfg.run.name).resolve()
-    done = run_dir / "summary.json"
-    if done.exists() and json.loads(done.read_text()).get("status") == "finished":
-        print(f"[yolo_ray] run {cfg.run.name} already finished: {done} (choose a new run.name to train again)")
-        return json.loads(done.read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
     with run_lock.hold(run_dir, cfg.source):  # before Ray: a second driver of this run fails here
+        finished = _finished(cfg, run_dir)  # decided under the lock: a driver that waited sees the first one's end
+        if finished is not None:
+            return finished
         return _fit(cfg, model, data_yaml, run_dir, started, callbacks, parent_run_id)
+
+
+# What a finished run is: a re-run that differs here would not train what it asks for (the rest may change freely:
+# where Ray, MLflow and storage are, how many workers, fault injection, sweeps).
+RUN_DEFINING = ("model", "data", "train")
+
+
+def _finished(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a run that already finished with these settings (None when it has not finished). A finished
+    run re-run with other settings is refused, naming each key with its old and new value."""
+    done = run_dir / "summary.json"
+    if not done.exists() or json.loads(done.read_text()).get("status") != "finished":
+        return None
+    saved = run_dir / "config.yaml"
+    changed = changed_settings(yaml.safe_load(saved.read_text()) or {}, cfg.to_dict()) if saved.exists() else {}
+    if changed:
+        what = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        raise ConfigError(
+            cfg.source,
+            ", ".join(changed),
+            f"run {cfg.run.name!r} already finished ({done}) with other settings ({what}).",
+            "choose a new run.name to train with these settings (the finished run stays as it is), or re-run "
+            "without the changed keys.",
+        )
+    print(f"[yolo_ray] run {cfg.run.name} already finished: {done} (choose a new run.name to train again)")
+    return json.loads(done.read_text())
+
+
+def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old, new)} where two configs differ in the keys that define a run (RUN_DEFINING)."""
+
+    def flat(d: Any, prefix: str) -> dict[str, Any]:
+        if not isinstance(d, dict):
+            return {prefix: d}
+        return {k: v for key, value in d.items() for k, v in flat(value, f"{prefix}.{key}").items()}
+
+    out: dict[str, tuple[Any, Any]] = {}
+    for section in RUN_DEFINING:
+        a, b = flat(old.get(section), section), flat(new.get(section), section)
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                out[key] = (a.get(key), b.get(key))
+    return out
 
 
 def _fit(

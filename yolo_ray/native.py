@@ -45,6 +45,18 @@ class EpochTimer:
             f.write(json.dumps(row) + "\n")
 
 
+def native_device(cfg: ExperimentConfig) -> str:
+    """Ultralytics' device string for the config's scaling: `cpu` without GPUs, else one GPU per configured worker
+    (`auto`: every local GPU), as Ultralytics' own DDP would run them."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if cfg.scaling.use_gpu is False or gpus == 0:
+        return "cpu"
+    n = gpus if cfg.scaling.num_workers == "auto" else min(int(cfg.scaling.num_workers), gpus)
+    return ",".join(str(i) for i in range(n))
+
+
 def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
     """Train with `ultralytics.YOLO(model).train(...)`; returns a summary like yolo_ray's.
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from yolo_ray.console import say
+
 RANGES = ("yolo_ray.augment",)
 
 
@@ -85,7 +87,7 @@ class StepProfiler:
             if on_cuda and row is not None:
                 summary[f"{name}_device_ms_per_step"] = round(_device_time(row) / 1000 / n, 2)
         (self.run_dir / "profile.json").write_text(json.dumps(summary, indent=2))
-        print(f"[yolo_ray] profile of {n} steps: {json.dumps(summary)}", flush=True)
+        say(f"[yolo_ray] profile of {n} steps: {json.dumps(summary)}")
 
 
 def _sync(device: torch.device) -> None:

@@ -33,6 +33,7 @@ from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distributed_zero_first, unwrap_model
 
 from yolo_ray.checkpoint_writer import CheckpointWriter, weights_digest
+from yolo_ray.console import say
 
 
 class RayDetectionTrainer(DetectionTrainer):
@@ -116,7 +117,7 @@ class RayDetectionTrainer(DetectionTrainer):
             dist.all_reduce(fits, op=dist.ReduceOp.MIN)
         sharded = not bool(fits.item())
         if sharded and dist.get_rank() == 0:
-            print(f"[yolo_ray] data.device_cache=auto: {images} images do not fit on every rank: sharded", flush=True)
+            say(f"[yolo_ray] data.device_cache=auto: {images} images do not fit on every rank: sharded")
         return sharded
 
     def _close_dataloader_mosaic(self) -> None:

@@ -50,6 +50,16 @@ def disable_integrations() -> None:
     SETTINGS.update({k: False for k in INTEGRATIONS if k in SETTINGS})
 
 
+def quiet_progress_bars() -> None:
+    """Ultralytics' progress bars print their final line only (its mode for CI consoles). In a Ray worker stdout is
+    a pipe that Ray forwards line by line, so each redraw of a per-batch bar reached the user as a line of its own:
+    ~790 of a 30-epoch smoke run's ~1300 lines. yolo_ray prints one line per epoch itself."""
+    from ultralytics.utils import tqdm
+
+    if hasattr(tqdm, "is_noninteractive_console"):  # the seam Ultralytics' TQDM asks at construction
+        tqdm.is_noninteractive_console = lambda: True
+
+
 def setup() -> None:
     set_offline_env()
     disable_integrations()

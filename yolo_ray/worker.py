@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from yolo_ray import faults
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
+from yolo_ray.console import say
 from yolo_ray.metrics import epoch_metrics, final_metrics
 from yolo_ray.summary import append_history, read_history
 
@@ -39,6 +40,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if isinstance(device, list):  # several GPUs per worker: DDP still drives one
         device = device[0]
     ultralytics_env.disable_integrations()
+    ultralytics_env.quiet_progress_bars()
 
     from yolo_ray.trainer import RayDetectionTrainer  # imports ultralytics: only after Ray set the ranks
 
@@ -53,7 +55,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if ckpt_dir is not None:
             overrides["resume"] = str(Path(ckpt_dir) / "last.pt")
             if rank == 0:
-                print(f"[yolo_ray] resuming from the epoch-{resumed_from} checkpoint {ckpt_dir}", flush=True)
+                say(f"[yolo_ray] resuming from the epoch-{resumed_from} checkpoint {ckpt_dir}")
                 reconcile_history(run_dir, Path(ckpt_dir))
 
         trainer = RayDetectionTrainer(
@@ -93,10 +95,9 @@ def export_best(trainer: Any, run_dir: Path) -> None:
     out = run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
     check = export_and_check(trainer.best, [Path(p) for p in val_images], trainer.args.imgsz, out)
-    print(
+    say(
         f"[yolo_ray] exported {trainer.best} -> {out / 'model.onnx'} (onnxruntime vs PyTorch max |diff| "
-        f"{check['max_abs_diff']:.2e} of scale {check['output_scale']:.1f})",
-        flush=True,
+        f"{check['max_abs_diff']:.2e} of scale {check['output_scale']:.1f})"
     )
 
 
@@ -177,10 +178,9 @@ class EpochReporter:
             metrics = epoch_metrics(trainer, self.t_train_end - self.t_epoch, self.resumed_from)
             metrics["save_s"] = t_fit_end - self.t_train_end  # Ultralytics' end of epoch: validation, CSV, snapshot
             metrics["start_weights_sha256"] = self.start_digest
-            print(
+            say(
                 f"[yolo_ray] epoch {metrics['epoch']}/{trainer.epochs} "
-                + " ".join(f"{k}={_fmt(metrics[k])}" for k in SHOWN if k in metrics),
-                flush=True,
+                + " ".join(f"{k}={_fmt(metrics[k])}" for k in SHOWN if k in metrics)
             )
         metrics = _broadcast(metrics)
         metrics["time"] = time.time()  # the epoch's end (its line is written later, once persisted)
