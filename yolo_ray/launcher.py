@@ -120,7 +120,11 @@ def _finished(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any] | None:
     if not done.exists() or json.loads(done.read_text()).get("status") != "finished":
         return None
     saved = run_dir / "config.yaml"
-    changed = changed_settings(yaml.safe_load(saved.read_text()) or {}, cfg.to_dict()) if saved.exists() else {}
+    # keys a newer yolo_ray added are missing from an older run's config.yaml: they had their default then
+    was = (
+        _with_defaults(ExperimentConfig().to_dict(), yaml.safe_load(saved.read_text()) or {}) if saved.exists() else {}
+    )
+    changed = changed_settings(was, cfg.to_dict()) if saved.exists() else {}
     if changed:
         what = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
         raise ConfigError(
@@ -132,6 +136,14 @@ def _finished(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any] | None:
         )
     print(f"[yolo_ray] run {cfg.run.name} already finished: {done} (choose a new run.name to train again)")
     return json.loads(done.read_text())
+
+
+def _with_defaults(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    out = dict(defaults)
+    for key, value in saved.items():
+        both_sections = isinstance(value, dict) and isinstance(defaults.get(key), dict) and defaults.get(key)
+        out[key] = _with_defaults(defaults[key], value) if both_sections else value
+    return out
 
 
 def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
