@@ -80,6 +80,8 @@ class TrainConfig:
     val: bool = True
     plots: bool = True
     extra: dict = field(default_factory=dict)  # any other Ultralytics train argument (mosaic, hsv_h, fliplr, ...)
+    # users' Ultralytics callbacks by import path, run in every worker: {on_fit_epoch_end: [my_pkg.hooks:fn], ...}
+    callbacks: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -418,6 +420,9 @@ def check_static(cfg: ExperimentConfig) -> None:
         raise ConfigError(s, "run.profile_steps", "must be >= 0.", "set it to 0 (off) or a number of steps, e.g. 20.")
     if not r.name or "/" in r.name:
         raise ConfigError(s, "run.name", f"{r.name!r} is not a plain name.", "use letters, digits, '-' or '_'.")
+    from yolo_ray import user_callbacks  # imports this module: checked here, defined there
+
+    user_callbacks.parse(t.callbacks, s)
     check_gpu_only(cfg, sc.use_gpu is not False, "scaling.use_gpu is false")
     check_cuda_graphs(cfg)
     check_device_loader(cfg)

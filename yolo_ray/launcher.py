@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from yolo_ray import run_lock
+from yolo_ray import run_lock, user_callbacks
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.data import checks
 from yolo_ray.summary import write_summary
@@ -215,6 +215,7 @@ def _fit(
             "profile_steps": cfg.run.profile_steps,
             "fault": {"epoch": cfg.run.fail_at_epoch, "rank": cfg.run.fail_rank},
             "export": cfg.tracking.enabled and cfg.tracking.register,
+            "callbacks": [vars(c) for c in user_callbacks.parse(cfg.train.callbacks, cfg.source)],
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,

@@ -21,7 +21,7 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from yolo_ray import faults
+from yolo_ray import faults, user_callbacks
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
 from yolo_ray.metrics import epoch_metrics, final_metrics
@@ -69,6 +69,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             cuda_graphs=config["cuda_graphs"],
         )
         stack.callback(trainer.writer.close)  # on the way out: final_eval flushed the saves (or drain() waited)
+        user_callbacks.attach(trainer, [user_callbacks.UserCallback(**c) for c in config.get("callbacks", [])], rank)
         reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
         reporter.attach()
         if rank == 0 and config["profile_steps"]:
