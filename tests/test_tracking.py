@@ -82,6 +82,35 @@ def test_one_run_with_params_metrics_and_artifacts(ddp_run: Path, mlflow_server:
         assert name in artifacts, name
 
 
+def test_the_run_page_reads_well(ddp_run: Path, mlflow_server: MlflowServer, tmp_path: Path) -> None:
+    """What the MLflow UI shows a reader: the final evaluation as run metrics matching the registered version's
+    (4-digit) tags, params with resolved values and without sweep or fault-injection keys, who ran it from what, a
+    description, and the model as one ONNX file that loads alone when downloaded."""
+    mlflow.set_tracking_uri(mlflow_server.uri)
+    mlflow.set_registry_uri(mlflow_server.uri)
+    client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
+    run = _run(client, "learn")
+    version = client.get_model_version_by_alias(MODEL_NAME, "candidate")
+    for key in ("mAP50", "mAP50-95"):
+        assert round(run.data.metrics[f"final/{key}"], 4) == float(version.tags[key])
+        assert len(version.tags[key].split(".")[-1]) <= 4
+    p = run.data.params
+    assert not [k for k in p if k.startswith(("tune.", "run.fail_"))]
+    assert p["scaling.num_workers"] == "2" and p["tracking.model_name"] == MODEL_NAME
+    tags = run.data.tags
+    assert tags["mlflow.user"] and "yolo-ray" in tags["mlflow.source.name"]
+    assert "yolo11n.yaml" in tags["mlflow.note.content"] and "Final (best.pt)" in tags["mlflow.note.content"]
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(tmp_path)))
+    files = [f for f in local.rglob("*") if f.is_file()]
+    onnx_files = [f for f in files if f.suffix == ".onnx"]
+    assert len(onnx_files) == 1 and not [f for f in files if f.stat().st_size > 1e6 and f.suffix != ".onnx"], files
+    import onnxruntime as ort
+
+    alone = tmp_path / "alone.onnx"  # the file by itself, as a user downloads it from the UI
+    alone.write_bytes(onnx_files[0].read_bytes())
+    assert ort.InferenceSession(str(alone), providers=["CPUExecutionProvider"]).get_inputs()
+
+
 def test_onnx_export_matches_pytorch(ddp_run: Path) -> None:
     check = json.loads((ddp_run / "export" / "check.json").read_text())
     assert check["ok"] and check["images"] == 4

@@ -144,6 +144,44 @@ def run_tags(cfg: ExperimentConfig) -> dict[str, str]:
     return tags
 
 
+# Keys that describe how a run was driven, not what it trained: left out of its MLflow params.
+NOT_PARAMS = ("run.fail_at_epoch", "run.fail_rank", "run.ray_address", "tracking.tags", "tracking.outage_grace_s")
+
+
+def run_params(cfg: ExperimentConfig, sweep_trial: bool) -> dict[str, Any]:
+    """The config as MLflow params: what describes the run (tune.* only in a sweep's trials)."""
+    params = flatten(cfg.to_dict())
+    return {
+        k: v for k, v in params.items() if not k.startswith(NOT_PARAMS) and (sweep_trial or not k.startswith("tune."))
+    }
+
+
+def context_tags(cfg: ExperimentConfig) -> dict[str, str]:
+    """MLflow's own context tags, shown on the run page: who ran it and from what."""
+    import getpass
+    import sys
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return {
+        "mlflow.user": user,
+        "mlflow.source.type": "LOCAL",
+        "mlflow.source.name": " ".join(["yolo-ray", *sys.argv[1:2], cfg.source])[:500],
+    }
+
+
+def describe(cfg: ExperimentConfig, workers: int | None) -> str:
+    data = cfg.data.path if cfg.data.path != "synthetic" else f"generated {cfg.data.synthetic.style} ({cfg.data.dir})"
+    who = f"{workers} workers x {cfg.train.batch // workers} images" if workers else f"global batch {cfg.train.batch}"
+    return f"{cfg.model} on {data}, {who}, {cfg.train.epochs} epochs at {cfg.train.imgsz} px."
+
+
+def _round(value: Any) -> Any:
+    return round(value, 4) if isinstance(value, float) else value
+
+
 class Tracker:
     """The driver's MLflow writer for one run directory."""
 
@@ -157,6 +195,7 @@ class Tracker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned = False
+        self.workers: int | None = None  # set by start(); a later `yolo-ray sync` describes the run without it
 
     # ---------------------------------------------------------------- run lifecycle
 
@@ -169,15 +208,19 @@ class Tracker:
             print(f"[yolo_ray] mlflow: continuing run {self.state['run_id']} at {self.uri}", flush=True)
             return self.state["run_id"]
         exp_id = ensure_experiment(self.client, self.cfg, self.uri)
-        tags = {**run_tags(self.cfg), "run_dir": str(self.run_dir)}
+        tags = {**run_tags(self.cfg), "run_dir": str(self.run_dir), **context_tags(self.cfg)}
+        self.workers = scaling.num_workers
+        tags["mlflow.note.content"] = describe(self.cfg, self.workers)
         if self.parent_run_id:  # a sweep trial: nested under the sweep's run in the UI
             tags["mlflow.parentRunId"] = self.parent_run_id
         run = self.client.create_run(exp_id, run_name=self.cfg.run.name, tags=tags)
         self.state = {"tracking_uri": self.uri, "run_id": run.info.run_id, "experiment_id": exp_id, "synced": 0}
         self._save()
-        params = flatten(self.cfg.to_dict())
+        params = run_params(self.cfg, sweep_trial=self.parent_run_id is not None)
         params.update(
             {
+                "scaling.num_workers": scaling.num_workers,  # `auto` resolved
+                "tracking.model_name": self.model_name,
                 "scaling.world_size": scaling.num_workers,
                 "scaling.nodes": nodes,
                 "scaling.use_gpu": scaling.use_gpu,
@@ -272,6 +315,7 @@ class Tracker:
     def _finish_once(self, status: str) -> dict[str, Any]:
         self.sync_metrics()
         run_id = self.state["run_id"]
+        self._log_final(run_id)
         if not self.state.get("artifacts_logged"):
             self._log_artifacts(run_id)
             self.state["artifacts_logged"] = True
@@ -290,6 +334,27 @@ class Tracker:
         self.state.pop("pending", None)
         self._save()
         return out
+
+    def _log_final(self, run_id: str) -> None:
+        """The final evaluation of best.pt as run metrics (final/mAP50-95, ...: what the registered model is tagged
+        with), and in the run's description."""
+        from mlflow.entities import Metric
+
+        path = self.run_dir / "final_metrics.json"
+        if not path.exists():
+            return
+        final = json.loads(path.read_text())
+        keys = ("mAP50", "mAP50-95", "precision", "recall")
+        now, step = int(time.time() * 1000), self.cfg.train.epochs
+        metrics = [Metric(f"final/{k}", float(final[k]), now, step) for k in keys if isinstance(final.get(k), float)]
+        if metrics:
+            self.client.log_batch(run_id, metrics=metrics)
+            note = (
+                describe(self.cfg, self.workers)
+                + " Final (best.pt): "
+                + ", ".join(f"{m.key.split('/', 1)[1]} {m.value:.4f}" for m in metrics)
+            )
+            self.client.set_tag(run_id, "mlflow.note.content", note)
 
     def _log_artifacts(self, run_id: str) -> None:
         train_dir = self.run_dir / "train"
@@ -331,15 +396,16 @@ class Tracker:
         with mlflow.start_run(run_id=run_id):
             info = mlflow.onnx.log_model(
                 onnx.load(str(onnx_path)),
-                name="model",
+                name=self.cfg.run.name,
+                save_as_external_data=False,  # one model.onnx that loads alone when downloaded from the UI
                 signature=infer_signature(example, output),
                 input_example=example,
                 registered_model_name=self.model_name,
             )
         version = str(info.registered_model_version)
         tags = {
-            "mAP50": final.get("mAP50"),
-            "mAP50-95": final.get("mAP50-95"),
+            "mAP50": _round(final.get("mAP50")),
+            "mAP50-95": _round(final.get("mAP50-95")),
             "run_id": run_id,
             "data": self.cfg.data.path if self.cfg.data.path != "synthetic" else f"synthetic:{self.cfg.data.dir}",
             "imgsz": imgsz,
