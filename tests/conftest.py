@@ -243,6 +243,7 @@ class Rerun:
     failed_summary: dict  # summary.json as the failed attempt left it
     failed_epochs: list[int]  # history.jsonl's epochs as the failed attempt left them
     resumed: subprocess.CompletedProcess
+    longer: subprocess.CompletedProcess  # between the two: the same command asking for more epochs
 
 
 @pytest.fixture(scope="session")
@@ -271,8 +272,10 @@ def rerun_after_failure(
     stale = run_dir / "train" / "weights" / f"{STAGING_PREFIX}killed"
     stale.mkdir()
     os.link(run_dir / "train" / "weights" / "last.pt", stale / "last.pt")
+    # a resume with a longer schedule would train to the old one without a word: refused before Ray starts
+    longer = yolo_ray("train", *args, f"epochs={RERUN_EPOCHS + 3}", cwd=storage)
     resumed = yolo_ray("train", *args, cwd=storage)
-    return Rerun(run_dir, failed, failed_summary, failed_epochs, resumed)
+    return Rerun(run_dir, failed, failed_summary, failed_epochs, resumed, longer)
 
 
 # ------------------------------------------------------------------ a real 2-node cluster on one machine

@@ -48,6 +48,15 @@ def test_failure_without_retries_keeps_checkpoints(rerun_after_failure: Rerun) -
     assert not list((r.run_dir / "train" / "weights").glob(f"{STAGING_PREFIX}*"))  # a killed report's staging removed
 
 
+def test_a_stopped_run_asked_for_more_epochs_is_refused(rerun_after_failure: Rerun) -> None:
+    """Ultralytics resumes a run with last.pt's own settings: asked for more epochs, the re-run would train to the
+    old count while summary.json said the new one. It exits 2 naming the key and the fix, before Ray starts."""
+    longer = rerun_after_failure.longer
+    assert longer.returncode == 2 and "Traceback" not in longer.stdout, longer.stdout[-3000:]
+    text = " ".join(longer.stdout.split())
+    assert "train.epochs" in text and "new run.name" in text and "Started a local Ray" not in longer.stdout
+
+
 def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> None:
     args = small_run(shapes_small, tmp_path, "killed", f"train.epochs={EPOCHS}")
     cmd = [sys.executable, "-m", "yolo_ray", "train", *args]

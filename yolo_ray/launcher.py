@@ -113,18 +113,38 @@ def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: s
 RUN_DEFINING = ("model", "data", "train")
 
 
+# What a stopped run may change when it resumes: yolo_ray's own settings (they are not in last.pt) and the few
+# Ultralytics takes from the command line on resume (imgsz, batch, close_mosaic); it restores the rest from last.pt.
+RESUMABLE_CHANGES = (
+    "train.cuda_graphs", "train.channels_last", "train.sync_bn", "train.workers", "train.cache", "train.callbacks",
+    "train.imgsz", "train.batch", "train.close_mosaic", "data.loader", "data.device_cache",
+)  # fmt: skip
+
+
 def _finished(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any] | None:
     """The summary of a run that already finished with these settings (None when it has not finished). A finished
-    run re-run with other settings is refused, naming each key with its old and new value."""
-    done = run_dir / "summary.json"
-    if not done.exists() or json.loads(done.read_text()).get("status") != "finished":
+    run re-run with other settings is refused, naming each key with its old and new value; so is a stopped run
+    re-run with settings its resume would silently ignore (Ultralytics resumes with last.pt's own)."""
+    done, saved = run_dir / "summary.json", run_dir / "config.yaml"
+    if not saved.exists():
         return None
-    saved = run_dir / "config.yaml"
+    finished = done.exists() and json.loads(done.read_text()).get("status") == "finished"
     # keys a newer yolo_ray added are missing from an older run's config.yaml: they had their default then
-    was = (
-        _with_defaults(ExperimentConfig().to_dict(), yaml.safe_load(saved.read_text()) or {}) if saved.exists() else {}
-    )
-    changed = changed_settings(was, cfg.to_dict()) if saved.exists() else {}
+    was = _with_defaults(ExperimentConfig().to_dict(), yaml.safe_load(saved.read_text()) or {})
+    changed = changed_settings(was, cfg.to_dict())
+    if not finished:
+        ignored = {k: v for k, v in changed.items() if not k.startswith(RESUMABLE_CHANGES)}
+        if ignored:
+            what = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in ignored.items())
+            raise ConfigError(
+                cfg.source,
+                ", ".join(ignored),
+                f"run {cfg.run.name!r} stopped before its end and resumes with the settings it started with "
+                f"(Ultralytics restores them from last.pt), not these ({what}).",
+                "re-run without the changed keys to finish it, or choose a new run.name to train with them "
+                "(Ultralytics cannot extend a started schedule: more epochs mean a new run).",
+            )
+        return None
     if changed:
         what = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
         raise ConfigError(
