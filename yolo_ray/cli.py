@@ -16,8 +16,11 @@ EXAMPLES = """
 examples:
   yolo-ray train                                   # embedded default: local Ray, generated data, 2 CPU workers
   yolo-ray train experiments/smoke.yaml train.epochs=5 scaling.num_workers=2
+  yolo-ray train model=yolo11s.yaml data=coco.yaml epochs=100 imgsz=640 batch=64 device=0,1   # Ultralytics' words
   yolo-ray check experiments/seed-coco-4gpu.yaml   # validate a config (and its dataset) without training
   yolo-ray data synth datasets/shapes images=2000 imgsz=640 classes=3
+  yolo-ray data synth datasets/real style=real images=3000 imgsz=640 classes=5   # shaped like real data
+  yolo-ray bench --parity seeds=0,1,2 epochs=10                                  # accuracy parity over seeds
 """
 
 
