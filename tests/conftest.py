@@ -273,7 +273,7 @@ def rerun_after_failure(
     stale.mkdir()
     os.link(run_dir / "train" / "weights" / "last.pt", stale / "last.pt")
     # a resume with a longer schedule would train to the old one without a word: refused before Ray starts
-    longer = yolo_ray("train", *args, f"epochs={RERUN_EPOCHS + 3}", cwd=storage)
+    longer = yolo_ray("train", *args, f"train.epochs={RERUN_EPOCHS + 3}", cwd=storage)
     resumed = yolo_ray("train", *args, cwd=storage)
     return Rerun(run_dir, failed, failed_summary, failed_epochs, resumed, longer)
 
