@@ -133,6 +133,8 @@ def _finished(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any] | None:
     was = _with_defaults(ExperimentConfig().to_dict(), yaml.safe_load(saved.read_text()) or {})
     changed = changed_settings(was, cfg.to_dict())
     if not finished:
+        if not _has_checkpoint(run_dir):  # stopped before its first epoch's checkpoint: nothing resumes, all may change
+            return None
         ignored = {k: v for k, v in changed.items() if not k.startswith(RESUMABLE_CHANGES)}
         if ignored:
             what = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in ignored.items())
@@ -156,6 +158,11 @@ def _finished(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any] | None:
         )
     print(f"[yolo_ray] run {cfg.run.name} already finished: {done} (choose a new run.name to train again)")
     return json.loads(done.read_text())
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Would a re-run resume (from a Ray Train checkpoint or Ultralytics' last.pt)?"""
+    return (run_dir / "train" / "weights" / "last.pt").exists() or any(run_dir.glob("checkpoint_*"))
 
 
 def _with_defaults(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
