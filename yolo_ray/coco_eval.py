@@ -15,19 +15,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-import cv2
 import yaml
+from PIL import Image
 
-from yolo_ray.data.checks import IMAGE_SUFFIXES, label_file
+from yolo_ray.data.checks import dataset_root, image_files, label_file
 
 
 def val_images(data_yaml: Path) -> list[Path]:
-    """The val split's images (a folder of a generated or YOLO dataset), sorted."""
+    """The val split's images, found as the driver's dataset checks find them (a folder, a .txt list or a list)."""
     data = yaml.safe_load(data_yaml.read_text())
-    root = Path(data.get("path") or data_yaml.parent)
-    root = root if root.is_absolute() else (data_yaml.parent / root).resolve()
-    folder = root / data["val"]
-    return sorted(f for f in folder.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+    images, _ = image_files(data["val"], dataset_root(data_yaml, data))
+    return sorted(images)
 
 
 def ground_truth(data_yaml: Path) -> dict[str, Any]:
@@ -37,7 +35,8 @@ def ground_truth(data_yaml: Path) -> dict[str, Any]:
     n_classes = len(names)
     images, annotations = [], []
     for image_id, path in enumerate(val_images(data_yaml)):
-        h, w = cv2.imread(str(path), cv2.IMREAD_UNCHANGED).shape[:2]
+        with Image.open(path) as im:  # the header's size: the image as stored, no decode
+            w, h = im.size
         images.append({"id": image_id, "file_name": path.name, "width": w, "height": h})
         label = label_file(path)
         for line in label.read_text().splitlines() if label.exists() else []:
@@ -104,8 +103,11 @@ def coco_scores(gt: dict[str, Any], preds: list[dict[str, Any]]) -> dict[str, fl
     return {k: round(float(v), 5) if v >= 0 else None for k, v in zip(keys, ev.stats[:9], strict=True)}
 
 
-def score(weights: Path, data_yaml: Path, imgsz: int, device: str, work_dir: Path) -> dict[str, Any]:
-    """Both scorers on one set of weights: Ultralytics' mAP50-95 / mAP50 and COCOeval's, with AP by object size."""
+def score(
+    weights: Path, data_yaml: Path, imgsz: int, device: str, work_dir: Path, gt: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Both scorers on one set of weights: Ultralytics' mAP50-95 / mAP50 and COCOeval's, with AP by object size.
+    gt: ground_truth(data_yaml), when the caller scores several runs on one split."""
     preds, own = detections(weights, data_yaml, imgsz, device, work_dir)
-    coco = coco_scores(ground_truth(data_yaml), preds)
+    coco = coco_scores(gt or ground_truth(data_yaml), preds)
     return {"ultralytics": own, "coco": coco, "scorers_differ_by": round(abs(coco["AP"] - own["mAP50-95"]), 5)}

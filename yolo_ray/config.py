@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import types
 import typing
@@ -333,13 +334,14 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Experim
 # --------------------------------------------------------------------------------------------------- checks
 
 
-def ultralytics_train_keys() -> set[str]:
+@functools.cache  # the installed package's file: read once per process, not on every config load
+def ultralytics_train_keys() -> frozenset[str]:
     """Keys of Ultralytics' default.yaml, read from the installed package without importing it."""
     spec = importlib.util.find_spec("ultralytics")
     if spec is None or not spec.submodule_search_locations:
-        return set()
+        return frozenset()
     default = Path(next(iter(spec.submodule_search_locations))) / "cfg" / "default.yaml"
-    return set((yaml.safe_load(default.read_text()) or {}).keys())
+    return frozenset((yaml.safe_load(default.read_text()) or {}).keys())
 
 
 # Keys yolo_ray sets itself: passing them through train.extra would fight the launcher.

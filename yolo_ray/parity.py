@@ -134,7 +134,9 @@ def training_seconds(run_dir: Path) -> float | None:
     return round(sum(r["train_time_s"] for r in rows), 2) if rows else None
 
 
-def run_one(p: ParitySettings, data_yaml: Path, entry: tuple, cpu: bool, env: dict[str, str]) -> dict[str, Any]:
+def run_one(
+    p: ParitySettings, data_yaml: Path, gt: dict[str, Any], entry: tuple, cpu: bool, env: dict[str, str]
+) -> dict[str, Any]:
     path, epochs, seed, args, batch = entry
     name = f"{path}-e{epochs}-s{seed}"
     bench = BenchSettings(images=p.images, out_dir=p.out_dir)
@@ -143,8 +145,8 @@ def run_one(p: ParitySettings, data_yaml: Path, entry: tuple, cpu: bool, env: di
     if "error" in row:
         return {**out, "error": row["error"]}
     run_dir = Path(p.out_dir).resolve() / name
-    scores = coco_eval.score(run_dir / "train" / "weights" / "last.pt", data_yaml, p.imgsz, "cpu" if cpu else "0",
-                             run_dir / "score")  # fmt: skip
+    weights, device = run_dir / "train" / "weights" / "last.pt", "cpu" if cpu else "0"
+    scores = coco_eval.score(weights, data_yaml, p.imgsz, device, run_dir / "score", gt)
     return {
         **out,
         **scores,
@@ -219,8 +221,9 @@ def run(p: ParitySettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "results": [],
     }
     out_json.parent.mkdir(parents=True, exist_ok=True)
+    gt = coco_eval.ground_truth(data_yaml)  # one val split for every run: built once
     for entry in entries:
-        report["results"].append(run_one(p, data_yaml, entry, cpu, env))
+        report["results"].append(run_one(p, data_yaml, gt, entry, cpu, env))
         report["summary"] = summarize(report["results"])
         out_json.write_text(json.dumps(report, indent=2))  # partial results survive a call cut short
     print_table(report)

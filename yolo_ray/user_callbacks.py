@@ -15,6 +15,7 @@ shipped with `ray job submit --working-dir` or installed).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -31,16 +32,17 @@ class UserCallback:
     rank0_only: bool = False
 
 
-def events() -> set[str]:
+@functools.cache
+def events() -> frozenset[str]:
     """Ultralytics' callback events, read from its source without importing it (the driver must not import it)."""
     spec = importlib.util.find_spec("ultralytics")
     if spec is None or not spec.submodule_search_locations:
-        return set()
+        return frozenset()
     base = Path(next(iter(spec.submodule_search_locations))) / "utils" / "callbacks" / "base.py"
     for node in ast.walk(ast.parse(base.read_text())):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "default_callbacks" for t in node.targets):
-            return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-    return set()
+            return frozenset(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    return frozenset()
 
 
 def parse(spec: dict, source: str) -> list[UserCallback]:

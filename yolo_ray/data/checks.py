@@ -35,7 +35,13 @@ def _names(data: dict) -> dict[int, str] | None:
     return None
 
 
-def _image_files(entry: str | list, root: Path) -> tuple[list[Path], list[Path]]:
+def dataset_root(data_yaml: Path, data: dict) -> Path:
+    """Where a data.yaml's splits live: its `path:` (relative to the file), else the file's own folder."""
+    root = Path(data.get("path") or data_yaml.parent)
+    return root if root.is_absolute() else (data_yaml.parent / root).resolve()
+
+
+def image_files(entry: str | list, root: Path) -> tuple[list[Path], list[Path]]:
     """(images, missing locations) for a split entry: a folder, a .txt list, or a list of those."""
     images: list[Path] = []
     missing: list[Path] = []
@@ -92,12 +98,11 @@ def check(data_yaml: Path, source: str) -> None:
     names = _names(data)
     if not names:
         raise ConfigError(source, key, "has no class `names` (or `nc`).", "add `names: {0: cat, 1: dog}` to it.")
-    root = Path(data.get("path") or data_yaml.parent)
-    root = root if root.is_absolute() else (data_yaml.parent / root).resolve()
+    root = dataset_root(data_yaml, data)
     for split in ("train", "val"):
         if split not in data:
             raise ConfigError(source, key, f"has no `{split}:` entry.", f"add `{split}: images/{split}` to it.")
-        images, missing = _image_files(data[split], root)
+        images, missing = image_files(data[split], root)
         if missing:
             raise ConfigError(
                 source,

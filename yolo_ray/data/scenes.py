@@ -82,11 +82,11 @@ def _shape_mask(kind: str, d: int, rng: np.random.Generator) -> np.ndarray:
     else:
         n, inner = {"triangle": (3, None), "diamond": (4, None), "hexagon": (6, None), "star": (5, 0.45)}[kind]
         steps = n * 2 if inner else n
+        radii = [r if inner is None or i % 2 == 0 else r * inner for i in range(steps)]  # a star's points alternate
         pts = [
-            ((r if inner is None or i % 2 == 0 else r * inner) * math.cos(2 * math.pi * i / steps),
-             (r if inner is None or i % 2 == 0 else r * inner) * math.sin(2 * math.pi * i / steps))
-            for i in range(steps)
-        ]  # fmt: skip
+            (rad * math.cos(2 * math.pi * i / steps), rad * math.sin(2 * math.pi * i / steps))
+            for i, rad in enumerate(radii)
+        ]
         cv2.fillPoly(m, [_rotated(pts, c, phase)], 255, cv2.LINE_AA)
     sx, sy = (float(v) for v in rng.uniform(0.75, 1.25, 2))  # stretched: no two instances alike
     out = cv2.resize(m, (max(3, round(size * sx)), max(3, round(size * sy))), interpolation=cv2.INTER_AREA)
