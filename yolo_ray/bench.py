@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from subprocess import PIPE
-from typing import Any
+from subprocess import PIPE, STDOUT
+from typing import IO, Any
 
 from yolo_ray import gitinfo
 from yolo_ray.config import ConfigError
@@ -252,13 +252,13 @@ def run_variant(
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never a resumed or "already finished" one
     started = time.time()
     cmd = [sys.executable, "-m", "yolo_ray", "train", *args]
-    with Sampler(workers) as sampler, subprocess.Popen(cmd, env=env, stdout=PIPE, stderr=PIPE, text=True) as proc:
+    log = Path(s.out_dir) / f"{name}.log"
+    with Sampler(workers) as sampler, subprocess.Popen(cmd, env=env, stdout=PIPE, stderr=STDOUT, text=True) as proc:
         sampler.pid = proc.pid  # its GPU memory is this process tree's
-        stdout, stderr = proc.communicate()
+        lines = timestamped(proc.stdout, started, log)
     wall = time.time() - started
-    (Path(s.out_dir) / f"{name}.log").write_text(stdout + stderr)
     if proc.returncode != 0:
-        return {"name": name, "error": (stdout + stderr)[-2000:], "gpus": workers}
+        return {"name": name, "error": "".join(line for _, line in lines)[-2000:], "gpus": workers}
     rows = _results_csv(run_dir)
     ips, epoch_s = steady_images_per_s(rows, s.images)
     last = rows[-1]
@@ -271,10 +271,39 @@ def run_variant(
         "profile": json.loads((run_dir / "profile.json").read_text()) if (run_dir / "profile.json").exists() else None,
         "epoch_s": round(epoch_s, 2),
         "wall_s": round(wall, 1),
+        **phases(lines, wall),
         "mAP50-95": last.get("metrics/mAP50-95(B)"),
         "mAP50": last.get("metrics/mAP50(B)"),
         **sampler.summary(),
     }
+
+
+def timestamped(stream: IO[str] | None, started: float, log: Path) -> list[tuple[float, str]]:
+    """Every line of a run's output with its second since the run started, also written to `log` as it comes (a
+    run cut short leaves its log up to there)."""
+    lines: list[tuple[float, str]] = []
+    with open(log, "w") as f:
+        for line in stream or []:
+            t = time.time() - started
+            lines.append((t, line))
+            f.write(f"{t:8.2f} {line}")
+            f.flush()
+    return lines
+
+
+# Ultralytics prints these in native and in yolo_ray's rank 0 alike: the training loop's first and last line
+LOOP_START, LOOP_END = "Starting training for", "epochs completed in"
+
+
+def phases(lines: list[tuple[float, str]], wall: float) -> dict[str, float | None]:
+    """A run's wall clock in three: start-up (process start to the training loop: imports, Ray and its workers,
+    dataset scan and caching, graph capture), the loop (epochs with their validation and checkpoints), and the
+    end (final evaluation of best.pt, export, shutdown)."""
+    start = next((t for t, line in lines if LOOP_START in line), None)
+    end = next((t for t, line in reversed(lines) if LOOP_END in line), None)
+    if start is None or end is None:
+        return {"startup_s": None, "loop_s": None, "end_s": None}
+    return {"startup_s": round(start, 1), "loop_s": round(end - start, 1), "end_s": round(wall - end, 1)}
 
 
 @contextlib.contextmanager

@@ -13,11 +13,15 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
+import threading
 import time
+from collections.abc import Callable
+from concurrent import futures
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from yolo_ray import coco_eval, gitinfo
 from yolo_ray.bench import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
@@ -45,6 +49,12 @@ class ParitySettings:
     deterministic: bool = True
     data_dir: str = "datasets/parity"
     out_dir: str = "benchmarks/runs-parity"
+    runs: str = ""  # comma-separated run names (`graphs-e30-s1`) instead of every path x epochs x seeds
+    parallel: int = 1  # runs at once: accuracy is deterministic, but their clocks are then contended
+    gpu_mem_gib: float = 0  # GPU memory concurrent runs may hold together (0: 90% of the device's)
+    # comma-separated result JSONs of earlier calls (FILE or FILE:path+path to take only those paths' runs): their
+    # runs join the table and are not run again, unless `runs` names them (a re-run replaces it and is compared)
+    merge: str = ""
 
     @classmethod
     def cpu(cls) -> ParitySettings:
@@ -67,11 +77,40 @@ class ParitySettings:
         return [x.strip() for x in str(getattr(self, key)).split(",") if x.strip()]
 
 
-def plan(p: ParitySettings, cpu: bool) -> list[tuple[str, int, int, list[str], int]]:
-    """(path, epochs, seed, CLI args, images per device) of every run, paths interleaved within a seed so that a
-    drift of the shared host over the call does not fall on one path."""
-    paths = p.listed("paths")
-    bad = [x for x in paths if x not in PATHS or (cpu and x in ("graphs", "throughput"))]
+class Entry(NamedTuple):
+    """One training run of the benchmark."""
+
+    path: str
+    epochs: int
+    seed: int
+    args: list[str]  # the path's CLI arguments
+    batch: int  # images per device
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}-e{self.epochs}-s{self.seed}"
+
+
+RUN_NAME = re.compile(r"^(?P<path>[a-z]+)-e(?P<epochs>\d+)-s(?P<seed>\d+)$")
+
+
+def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
+    """Every run: `runs` as named, else each path for each epoch count and seed, longest schedules first, paths
+    interleaved within a seed (a drift of the shared host over the call then falls on no one path)."""
+    if p.runs:
+        wanted = []
+        for name in p.listed("runs"):
+            m = RUN_NAME.match(name)
+            if not m:
+                raise ConfigError(
+                    "yolo-ray bench --parity", "runs", f"{name!r} is not a run name.", "write e.g. graphs-e30-s1."
+                )
+            wanted.append((m["path"], int(m["epochs"]), int(m["seed"])))
+    else:
+        epochs = sorted((int(e) for e in p.listed("epochs")), reverse=True)
+        seeds = [int(x) for x in p.listed("seeds")]
+        wanted = [(path, e, seed) for e in epochs for seed in seeds for path in p.listed("paths")]
+    bad = sorted({x for x, _, _ in wanted if x not in PATHS or (cpu and x in ("graphs", "throughput"))})
     if bad:
         allowed = "native, ultralytics, device" if cpu else ", ".join(PATHS)
         raise ConfigError(
@@ -87,12 +126,10 @@ def plan(p: ParitySettings, cpu: bool) -> list[tuple[str, int, int, list[str], i
         "throughput": [*use, *device_path(BenchSettings()), *GRAPHS],
     }
     out = []
-    for epochs in (int(e) for e in p.listed("epochs")):
-        for seed in (int(s) for s in p.listed("seeds")):
-            for path in paths:
-                batch = p.throughput_batch_per_gpu if path == "throughput" else p.batch_per_gpu
-                extra = [f"train.lr0={throughput_lr0(batch)}"] if path == "throughput" else []
-                out.append((path, epochs, seed, [*args[path], *extra], batch))
+    for path, epochs, seed in wanted:
+        batch = p.throughput_batch_per_gpu if path == "throughput" else p.batch_per_gpu
+        extra = [f"train.lr0={throughput_lr0(batch)}"] if path == "throughput" else []
+        out.append(Entry(path, epochs, seed, [*args[path], *extra], batch))
     return out
 
 
@@ -135,27 +172,109 @@ def training_seconds(run_dir: Path) -> float | None:
 
 
 def run_one(
-    p: ParitySettings, data_yaml: Path, gt: dict[str, Any], entry: tuple, cpu: bool, env: dict[str, str]
+    p: ParitySettings, data_yaml: Path, gt: dict[str, Any], entry: Entry, cpu: bool, env: dict[str, str]
 ) -> dict[str, Any]:
-    path, epochs, seed, args, batch = entry
-    name = f"{path}-e{epochs}-s{seed}"
     bench = BenchSettings(images=p.images, out_dir=p.out_dir)
-    row = run_variant(bench, name, [*args, *_overrides(p, name, epochs, seed, batch)], 1, env, batch)
-    out: dict[str, Any] = {"path": path, "epochs": epochs, "seed": seed, "batch_per_gpu": batch, "name": name}
+    args = [*entry.args, *_overrides(p, entry.name, entry.epochs, entry.seed, entry.batch)]
+    started = time.time()
+    row = run_variant(bench, entry.name, args, 1, env, entry.batch)
+    out: dict[str, Any] = {
+        "path": entry.path,
+        "epochs": entry.epochs,
+        "seed": entry.seed,
+        "batch_per_gpu": entry.batch,
+        "name": entry.name,
+        "started": round(started, 1),
+        "ended": round(time.time(), 1),
+    }
     if "error" in row:
         return {**out, "error": row["error"]}
-    run_dir = Path(p.out_dir).resolve() / name
+    run_dir = Path(p.out_dir).resolve() / entry.name
     weights, device = run_dir / "train" / "weights" / "last.pt", "cpu" if cpu else "0"
-    scores = coco_eval.score(weights, data_yaml, p.imgsz, device, run_dir / "score", gt)
+    with _SCORING:  # Ultralytics' validator keeps process-wide state: one scoring at a time
+        scores = coco_eval.score(weights, data_yaml, p.imgsz, device, run_dir / "score", gt)
+        if not cpu:
+            import torch
+
+            torch.cuda.empty_cache()  # the runs beside this process need the memory more
+    keys = ("wall_s", "startup_s", "loop_s", "end_s", "images_per_s", "loop_images_per_s", "peak_gpu_mem_gib")
     return {
         **out,
         **scores,
         "results_csv_mAP50-95": row["mAP50-95"],
         "train_s": training_seconds(run_dir),
-        "wall_s": row["wall_s"],
-        "images_per_s": row["images_per_s"],
-        "loop_images_per_s": row.get("loop_images_per_s"),
+        **{k: row.get(k) for k in keys},
     }
+
+
+_SCORING = threading.Lock()
+
+
+def expected_gpu_gib(batch: int) -> float:
+    """What one run holds on the GPU at its peak (cached blocks included), as measured on an H200 at 640 px: ~20-28
+    GiB at 64 images (native or yolo_ray; validation at twice the batch is the peak), ~64-70 GiB at 256."""
+    return 28.0 if batch <= 64 else 70.0 * batch / 256
+
+
+def run_all(
+    p: ParitySettings,
+    entries: list[Entry],
+    one: Callable[[Entry], dict[str, Any]],
+    on_done: Callable[[dict[str, Any]], None],
+) -> None:
+    """Every entry through `one`, up to p.parallel at once within the GPU memory budget (a run that does not fit
+    waits; one that ran out of memory beside others is tried once more, alone if need be)."""
+    budget = p.gpu_mem_gib or _device_gib() * 0.9
+    pending, retried = list(entries), set()
+    running: dict[futures.Future, Entry] = {}
+    with futures.ThreadPoolExecutor(max_workers=max(1, p.parallel)) as pool:
+        while pending or running:
+            for e in list(pending):
+                held = sum(expected_gpu_gib(r.batch) for r in running.values())
+                fits = len(running) < max(1, p.parallel) and held + expected_gpu_gib(e.batch) <= budget
+                if not running or (fits and e.name not in retried):
+                    pending.remove(e)
+                    running[pool.submit(one, e)] = e
+            done, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
+            for f in done:
+                e, row = running.pop(f), f.result()
+                if "out of memory" in row.get("error", "") and e.name not in retried:
+                    retried.add(e.name)
+                    pending.append(e)
+                    continue
+                print(f"[parity] {_progress(row)}", flush=True)
+                on_done(row)
+
+
+def _device_gib() -> float:
+    import torch
+
+    if not torch.cuda.is_available():
+        return float("inf")
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def _progress(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['name']}: ERROR {row['error'][-300:]}"
+    return (
+        f"{row['name']}: mAP50-95 {row['ultralytics']['mAP50-95']:.4f} (COCO {row['coco']['AP']:.4f}) "
+        f"wall {row['wall_s']} s (start-up {row['startup_s']}, loop {row['loop_s']}, end {row['end_s']})"
+    )
+
+
+def mark_contended(results: list[dict[str, Any]]) -> None:
+    """A run whose time overlapped another's has contended clocks: its accuracy counts, its times do not."""
+    for r in results:
+        if "started" in r:
+            r["contended"] = any(
+                o is not r and "started" in o and o["started"] < r["ended"] and r["started"] < o["ended"]
+                for o in results
+            )
+
+
+def _order(path: str) -> int:
+    return PATHS.index(path) if path in PATHS else len(PATHS)
 
 
 def _spread(values: list[float | None]) -> dict[str, float] | None:
@@ -177,15 +296,18 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         if "error" not in r:
             groups.setdefault((r["path"], r["epochs"]), []).append(r)
-    for (path, epochs), runs in groups.items():
+    for (path, epochs), runs in sorted(groups.items(), key=lambda g: (g[0][1], _order(g[0][0]))):
+        runs.sort(key=lambda r: r["seed"])
         row: dict[str, Any] = {"path": path, "epochs": epochs, "seeds": [r["seed"] for r in runs]}
         row["mAP50-95"] = _spread([r["ultralytics"]["mAP50-95"] for r in runs])
         row["mAP50"] = _spread([r["ultralytics"]["mAP50"] for r in runs])
         for key in ("AP", "AP_small", "AP_medium", "AP_large"):
             row[f"coco_{key}"] = _spread([r["coco"][key] for r in runs])
         row["scorers_differ_by_max"] = max(r["scorers_differ_by"] for r in runs)
-        for key in ("train_s", "wall_s", "loop_images_per_s"):
-            values = [r[key] for r in runs if r.get(key) is not None]
+        alone = [r for r in runs if not r.get("contended")]  # clocks only from runs that had the machine
+        row["timed_seeds"] = [r["seed"] for r in alone]
+        for key in ("train_s", "wall_s", "startup_s", "loop_s", "end_s", "loop_images_per_s"):
+            values = [r[key] for r in alone if r.get(key) is not None]
             row[key] = round(statistics.mean(values), 2) if values else None
         rows.append(row)
     for row in rows:
@@ -196,20 +318,54 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["at_parity"] = delta >= -PARITY_POINTS
             if row["train_s"] and native["train_s"]:
                 row["train_speedup"] = round(native["train_s"] / row["train_s"], 2)
-            row["wall_speedup"] = round(native["wall_s"] / row["wall_s"], 2)
+            if row["wall_s"] and native["wall_s"]:
+                row["wall_speedup"] = round(native["wall_s"] / row["wall_s"], 2)
     return rows
+
+
+def merged_results(p: ParitySettings) -> list[dict[str, Any]]:
+    """The runs of earlier result files (`merge=`), each tagged with its file; a name seen twice keeps the first."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in p.listed("merge"):
+        f, _, only = item.partition(":")
+        try:
+            rows = json.loads(Path(f).read_text())["results"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError("yolo-ray bench --parity", "merge", f"cannot read results from {f} ({e}).",
+                              "pass result JSONs this benchmark wrote.") from None  # fmt: skip
+        for r in rows:
+            if only and r["path"] not in only.split("+"):
+                continue
+            # a file that did not record contention (older ones) is taken as contended: its clocks are not used
+            out.setdefault(r["name"], {"contended": True, **r, "from": r.get("from", Path(f).name)})
+    return list(out.values())
+
+
+def combine(earlier: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+    """(every run, with a fresh run replacing an earlier one of its name; the replaced ones with both scores): a
+    re-run of a deterministic run must reproduce its score to every digit."""
+    names = {r["name"]: r for r in fresh if "error" not in r}
+    kept = [r for r in earlier if r["name"] not in names]
+    again = [
+        {"name": r["name"], "from": r["from"], "earlier": _score(r), "now": _score(names[r["name"]])}
+        for r in earlier
+        if r["name"] in names
+    ]
+    return [*kept, *fresh], again
+
+
+def _score(r: dict[str, Any]) -> float | None:
+    return r["ultralytics"]["mAP50-95"] if "ultralytics" in r else None
 
 
 def run(p: ParitySettings, cpu: bool, out_json: Path) -> dict[str, Any]:
     import torch
 
-    from yolo_ray.data.synth import SynthSpec, ensure
-
+    earlier = merged_results(p)
+    done = {r["name"] for r in earlier if "error" not in r}
     entries = plan(p, cpu)  # bad options fail here, before any data or GPU work
-    spec = SynthSpec(images=p.images, imgsz=p.imgsz, classes=p.classes, seed=p.data_seed, style="real")
-    data_yaml = ensure(p.data_dir, spec)
-    Path(p.out_dir).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), "YOLO_OFFLINE": "1"}
+    if not p.runs:  # runs named explicitly run again (a reproduction check); the others only once
+        entries = [e for e in entries if e.name not in done]
     report: dict[str, Any] = {
         "kind": "parity",
         "machine": platform.node(),
@@ -221,25 +377,46 @@ def run(p: ParitySettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "results": [],
     }
     out_json.parent.mkdir(parents=True, exist_ok=True)
-    gt = coco_eval.ground_truth(data_yaml)  # one val split for every run: built once
-    for entry in entries:
-        report["results"].append(run_one(p, data_yaml, gt, entry, cpu, env))
+    fresh: list[dict[str, Any]] = []
+
+    def save(row: dict[str, Any] | None = None) -> None:  # after every run: a call cut short keeps what ran
+        if row is not None:
+            fresh.append(row)
+        mark_contended(fresh)
+        report["results"], report["reproduced"] = combine(earlier, fresh)
         report["summary"] = summarize(report["results"])
-        out_json.write_text(json.dumps(report, indent=2))  # partial results survive a call cut short
+        out_json.write_text(json.dumps(report, indent=2))
+
+    if entries:
+        data_yaml, gt = _data(p)
+        env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), "YOLO_OFFLINE": "1"}
+        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # concurrent runs: less held, unused
+        run_all(p, entries, lambda e: run_one(p, data_yaml, gt, e, cpu, env), save)
+    save()
     print_table(report)
     print(f"\nwritten: {out_json}")
     return report
+
+
+def _data(p: ParitySettings) -> tuple[Path, dict[str, Any]]:
+    """The real-shaped dataset (generated once) and its val split's COCO ground truth (one for every run)."""
+    from yolo_ray.data.synth import SynthSpec, ensure
+
+    spec = SynthSpec(images=p.images, imgsz=p.imgsz, classes=p.classes, seed=p.data_seed, style="real")
+    data_yaml = ensure(p.data_dir, spec)
+    Path(p.out_dir).mkdir(parents=True, exist_ok=True)
+    return data_yaml, coco_eval.ground_truth(data_yaml)
 
 
 def print_table(report: dict[str, Any]) -> None:
     s = report["settings"]
     print(
         f"\nparity on real-shaped data: {s['model']} @ {s['imgsz']} px, {s['images']} train images, "
-        f"seeds {s['seeds']}, {report['gpu_name'] or 'CPU'}"
+        f"{report['gpu_name'] or 'CPU'}; scores mean±sd over seeds; clocks (s) from runs that had the machine alone"
     )
-    cols = ["path", "epochs", "mAP50-95", "vs native", "mAP50", "coco AP", "AP_small", "AP_medium", "AP_large"]
-    cols += ["train_s", "wall_s", "scorers differ"]
-    print(" | ".join(c.ljust(15) for c in cols))
+    cols = ["path", "epochs", "seeds", "mAP50-95", "vs native", "mAP50", "coco AP", "AP_small", "AP_medium"]
+    cols += ["AP_large", "train_s", "startup_s", "wall_s", "timed seeds", "scorers differ"]
+    print(" | ".join(c.ljust(13) for c in cols))
 
     def ms(d: dict[str, float] | None) -> str:
         return f"{d['mean']:.4f}±{d['std']:.4f}" if d else "-"
@@ -248,9 +425,14 @@ def print_table(report: dict[str, Any]) -> None:
         scores = [
             ms(r[k]) for k in ("mAP50-95", "mAP50", "coco_AP", "coco_AP_small", "coco_AP_medium", "coco_AP_large")
         ]
-        cells = [r["path"], str(r["epochs"]), scores[0], f"{r.get('vs_native_mAP50-95', 0):+.4f}", *scores[1:]]
-        cells += [str(r["train_s"]), str(r["wall_s"]), f"{r['scorers_differ_by_max']:.5f}"]
-        print(" | ".join(c.ljust(15) for c in cells))
+        seeds = ",".join(map(str, r["seeds"]))
+        cells = [r["path"], str(r["epochs"]), seeds, scores[0], f"{r.get('vs_native_mAP50-95', 0):+.4f}", *scores[1:]]
+        cells += [str(r[k]) for k in ("train_s", "startup_s", "wall_s")]
+        cells += [",".join(map(str, r.get("timed_seeds", []))) or "-", f"{r['scorers_differ_by_max']:.5f}"]
+        print(" | ".join(c.ljust(13) for c in cells))
+    for r in report.get("reproduced", []):
+        same = "the same" if r["earlier"] == r["now"] else "NOT the same"
+        print(f"re-run {r['name']}: mAP50-95 {r['now']} now, {r['earlier']} in {r['from']}: {same}")
     for r in report["results"]:
         if "error" in r:
             print(f"ERROR {r['name']}: {r['error'][-400:]}")
