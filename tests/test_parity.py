@@ -5,10 +5,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from conftest import ENV, yolo_ray
+
+from yolo_ray import parity as harness
+from yolo_ray.config import ConfigError
 
 LOSSES = ("train/box_loss", "train/cls_loss", "train/dfl_loss")
 
@@ -71,3 +76,101 @@ def test_one_worker_device_loader_draws_a_new_epoch_each_epoch(parity: tuple[Pat
     for seed in (0, 1):
         record = json.loads((runs / f"device-e2-s{seed}" / "ranks" / "rank0.json").read_text())
         assert record["world_size"] == 1 and record["loader_epochs"] == [0, 1]
+
+
+# ------------------------------------------------------------------------------------ the harness itself (no runs)
+
+
+def _row(name: str, score: float, started: float = 0.0, ended: float = 1.0, **kw: object) -> dict:
+    m = harness.RUN_NAME.match(name)
+    assert m
+    return {
+        "name": name,
+        "path": m["path"],
+        "epochs": int(m["epochs"]),
+        "seed": int(m["seed"]),
+        "started": started,
+        "ended": ended,
+        "ultralytics": {"mAP50-95": score, "mAP50": score + 0.1},
+        "coco": dict.fromkeys(("AP", "AP_small", "AP_medium", "AP_large"), score),
+        "scorers_differ_by": 0.0,
+        "train_s": 10.0,
+        "wall_s": 20.0,
+        **kw,
+    }
+
+
+def test_named_runs_and_their_order() -> None:
+    """`runs=` names exactly the runs to train; otherwise every path x epochs x seed, longest schedules first."""
+    p = harness.ParitySettings(epochs="10,30", seeds="0,1", paths="native,graphs")
+    names = [e.name for e in harness.plan(p, cpu=False)]
+    assert names[:4] == ["native-e30-s0", "graphs-e30-s0", "native-e30-s1", "graphs-e30-s1"] and len(names) == 8
+    named = harness.plan(harness.ParitySettings(runs="throughput-e30-s2,native-e10-s0"), cpu=False)
+    assert [(e.path, e.epochs, e.seed, e.batch) for e in named] == [("throughput", 30, 2, 256), ("native", 10, 0, 64)]
+    assert "train.lr0=0.04" in named[0].args  # throughput mode's linear LR rule at 256
+    assert harness.plan(harness.ParitySettings(runs="none"), cpu=False) == []
+    with pytest.raises(ConfigError, match="runs"):
+        harness.plan(harness.ParitySettings(runs="graphs-30-s1"), cpu=False)
+    with pytest.raises(ConfigError, match="graphs"):
+        harness.plan(harness.ParitySettings(runs="graphs-e2-s0"), cpu=True)
+
+
+def test_runs_at_once_stay_within_the_gpu_memory_budget() -> None:
+    """parallel=N runs up to N at once, but never more than the memory budget holds (a 256-image run takes what
+    two or three 64-image ones do); a run that ran out of memory beside others runs again, alone."""
+    p = harness.ParitySettings(parallel=4, gpu_mem_gib=100)
+    runs = "graphs-e10-s0,graphs-e10-s1,throughput-e10-s0,native-e10-s0"
+    entries = harness.plan(harness.ParitySettings(runs=runs), cpu=False)
+    lock, live, peak, tries, retry_alone = threading.Lock(), [], [], {}, []
+
+    def one(e: harness.Entry) -> dict:
+        with lock:
+            live.append(e)
+            peak.append(sum(harness.expected_gpu_gib(x.batch) for x in live))
+            tries[e.name] = tries.get(e.name, 0) + 1
+            others = len(live) > 1
+            if tries[e.name] == 2:
+                retry_alone.append(not others)
+        time.sleep(0.3 if e.path == "native" else 0.05)  # the throughput run starts while native still runs
+        with lock:
+            live.remove(e)
+        oom = e.path == "throughput" and tries[e.name] == 1 and others
+        return {"name": e.name, "error": "CUDA out of memory"} if oom else {"name": e.name, "error": "stub"}
+
+    done: list[dict] = []
+    harness.run_all(p, entries, one, done.append)
+    assert sorted(r["name"] for r in done) == sorted(e.name for e in entries)  # each reported once
+    assert max(peak) <= 100
+    assert tries["throughput-e10-s0"] == 2 and retry_alone == [True]  # it started beside a 64-image run
+
+
+def test_clocks_count_only_from_runs_that_had_the_machine_alone() -> None:
+    rows = [_row("native-e30-s0", 0.70, 0, 10), _row("graphs-e30-s0", 0.69, 10, 20)]
+    rows.append(_row("graphs-e30-s1", 0.68, 15, 30))
+    harness.mark_contended(rows)
+    assert [r["contended"] for r in rows] == [False, True, True]
+    summary = {(r["path"], r["epochs"]): r for r in harness.summarize(rows)}
+    assert summary[("native", 30)]["timed_seeds"] == [0] and summary[("native", 30)]["wall_s"] == 20.0
+    graphs = summary[("graphs", 30)]
+    assert graphs["timed_seeds"] == [] and graphs["wall_s"] is None  # both contended: no clock at all
+    assert graphs["vs_native_mAP50-95"] == pytest.approx(-0.015) and graphs["at_parity"] is False
+    assert graphs["vs_native_paired"]["n"] == 1 and graphs["vs_native_paired"]["mean"] == pytest.approx(-0.01)
+
+
+def test_earlier_results_join_the_table_and_a_rerun_is_compared(tmp_path: Path) -> None:
+    """merge=FILE[:paths]: earlier runs count (an older file without contention marks is taken as contended); a run
+    named again replaces its earlier row and the report says whether it reproduced the score."""
+    old = tmp_path / "old.json"
+    rows = [_row("native-e10-s0", 0.47), _row("native-e10-s1", 0.40), _row("device-e10-s0", 0.43)]
+    for r in rows:
+        r.pop("started"), r.pop("ended")
+    old.write_text(json.dumps({"results": rows, "gpu_name": "H"}))
+    p = harness.ParitySettings(merge=f"{old}:native")
+    earlier = harness.merged_results(p)
+    assert [r["name"] for r in earlier] == ["native-e10-s0", "native-e10-s1"]
+    assert all(r["contended"] and r["from"] == "old.json" for r in earlier)
+    kept, again = harness.combine(earlier, [_row("native-e10-s0", 0.47)])
+    assert sorted(r["name"] for r in kept) == ["native-e10-s0", "native-e10-s1"]
+    assert again == [{"name": "native-e10-s0", "from": "old.json", "earlier": 0.47, "now": 0.47}]
+    with pytest.raises(ConfigError, match="merge"):
+        harness.merged_results(harness.ParitySettings(merge=str(tmp_path / "missing.json")))

@@ -24,23 +24,28 @@ examples:
 """
 
 
+VERBOSE_HELP = (
+    "also show Ray's and Ultralytics' own output (start-up, model tables, per-batch bars, validation tables); "
+    "by default one line per epoch, and a progress bar on a terminal (run.verbose=true)"
+)
+
+
 def _ultralytics_help() -> str:
     from yolo_ray.ultralytics_keys import help_text
 
     return help_text()
 
 
-def _split(args: list[str]) -> tuple[str | None, list[str]]:
-    """[CONFIG] key=value ... -> (config or None, overrides)."""
-    if args and "=" not in args[0]:
-        return args[0], args[1:]
-    return None, args
+def _split(args: list[str], verbose: bool = False) -> tuple[str | None, list[str]]:
+    """[CONFIG] key=value ... -> (config or None, overrides); --verbose is the override run.verbose=true."""
+    path, overrides = (args[0], args[1:]) if args and "=" not in args[0] else (None, list(args))
+    return path, [*overrides, "run.verbose=true"] if verbose else overrides
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from yolo_ray import config, launcher
 
-    path, overrides = _split(ns.args)
+    path, overrides = _split(ns.args, ns.verbose)
     cfg = config.load(path, overrides)
     if ns.native:
         from yolo_ray.native import native_device, train_native
@@ -55,7 +60,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 def cmd_tune(ns: argparse.Namespace) -> int:
     from yolo_ray import config, sweep
 
-    path, overrides = _split(ns.args)
+    path, overrides = _split(ns.args, ns.verbose)
     cfg = config.load(path, overrides)
     out = sweep.run(cfg)
     return 0 if out["best"] else 1
@@ -187,7 +192,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     from yolo_ray import config
     from yolo_ray.submit import submit
 
-    path, overrides = _split(ns.args)
+    path, overrides = _split(ns.args, ns.verbose)
     cfg = config.load(path, overrides)  # bad input fails here, before anything reaches the cluster
     command = "tune" if ns.tune else "train"
     return submit(ns.address, command, cfg, path, overrides, wait=not ns.no_wait, working_dir=ns.working_dir)
@@ -222,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --native: Ultralytics' device, e.g. cpu, 0, or 0,1 for its own DDP (default: from the config's "
         "scaling.use_gpu and scaling.num_workers: all local GPUs for auto)",
     )
+    t.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     t.set_defaults(func=cmd_train)
 
     u = sub.add_parser(
@@ -232,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         "continues an interrupted sweep.",
     )
     u.add_argument("args", nargs="*", metavar="[CONFIG] key=value")
+    u.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     u.set_defaults(func=cmd_tune)
 
     b = sub.add_parser(
@@ -243,7 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
         "epochs= batch_per_gpu= throughput_batch_per_gpu= workers= cache= amp= gpus= gpu_counts= only= tta_epochs= "
         "tta_factor= tta_batch_per_gpu=. With --parity: every path (native, ultralytics, device, graphs, "
         "throughput) over several seeds on real-shaped data, scored by Ultralytics and by pycocotools; options "
-        "model= imgsz= images= classes= epochs=10,30 seeds=0,1,2 paths= batch_per_gpu= close_mosaic= workers=.",
+        "model= imgsz= images= classes= epochs=10,30 seeds=0,1,2 paths= batch_per_gpu= close_mosaic= workers= "
+        "runs=graphs-e30-s1,... (named runs; none: no run) parallel=N (runs at once) merge=FILE[:path+path],... "
+        "(earlier results join the table; missing runs are run).",
     )
     b.add_argument("options", nargs="*", metavar="key=value")
     b.add_argument("--cpu", action="store_true", help="a tiny CPU configuration (CI): proves it runs, no targets")
@@ -284,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--tune", action="store_true", help="submit `yolo-ray tune` instead of train")
     j.add_argument("--no-wait", action="store_true", help="print the submission id and return")
     j.add_argument("--working-dir", default=".", help="uploaded as the job's working dir (default: .)")
+    j.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     j.set_defaults(func=cmd_submit)
 
     y = sub.add_parser("sync", help="send what MLflow missed (server outage) for a run directory")

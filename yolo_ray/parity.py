@@ -49,7 +49,7 @@ class ParitySettings:
     deterministic: bool = True
     data_dir: str = "datasets/parity"
     out_dir: str = "benchmarks/runs-parity"
-    runs: str = ""  # comma-separated run names (`graphs-e30-s1`) instead of every path x epochs x seeds
+    runs: str = ""  # comma-separated run names (`graphs-e30-s1`) instead of every path x epochs x seeds; `none`
     parallel: int = 1  # runs at once: accuracy is deterministic, but their clocks are then contended
     gpu_mem_gib: float = 0  # GPU memory concurrent runs may hold together (0: 90% of the device's)
     # comma-separated result JSONs of earlier calls (FILE or FILE:path+path to take only those paths' runs): their
@@ -97,6 +97,8 @@ RUN_NAME = re.compile(r"^(?P<path>[a-z]+)-e(?P<epochs>\d+)-s(?P<seed>\d+)$")
 def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
     """Every run: `runs` as named, else each path for each epoch count and seed, longest schedules first, paths
     interleaved within a seed (a drift of the shared host over the call then falls on no one path)."""
+    if p.runs == "none":  # only the table of merged files
+        return []
     if p.runs:
         wanted = []
         for name in p.listed("runs"):
@@ -299,6 +301,7 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (path, epochs), runs in sorted(groups.items(), key=lambda g: (g[0][1], _order(g[0][0]))):
         runs.sort(key=lambda r: r["seed"])
         row: dict[str, Any] = {"path": path, "epochs": epochs, "seeds": [r["seed"] for r in runs]}
+        row["by_seed"] = {r["seed"]: r["ultralytics"]["mAP50-95"] for r in runs}
         row["mAP50-95"] = _spread([r["ultralytics"]["mAP50-95"] for r in runs])
         row["mAP50"] = _spread([r["ultralytics"]["mAP50"] for r in runs])
         for key in ("AP", "AP_small", "AP_medium", "AP_large"):
@@ -316,6 +319,9 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             delta = row["mAP50-95"]["mean"] - native["mAP50-95"]["mean"]
             row["vs_native_mAP50-95"] = round(delta, 5)
             row["at_parity"] = delta >= -PARITY_POINTS
+            # seed by seed (a seed fixes the initial weights on both sides): the spread of the difference itself
+            paired = [v - native["by_seed"][k] for k, v in row["by_seed"].items() if k in native["by_seed"]]
+            row["vs_native_paired"] = {**(_spread(paired) or {}), "n": len(paired)}
             if row["train_s"] and native["train_s"]:
                 row["train_speedup"] = round(native["train_s"] / row["train_s"], 2)
             if row["wall_s"] and native["wall_s"]:
@@ -339,6 +345,12 @@ def merged_results(p: ParitySettings) -> list[dict[str, Any]]:
             # a file that did not record contention (older ones) is taken as contended: its clocks are not used
             out.setdefault(r["name"], {"contended": True, **r, "from": r.get("from", Path(f).name)})
     return list(out.values())
+
+
+def _header(f: str) -> dict[str, Any]:
+    """Where an earlier file's runs were measured."""
+    d = json.loads(Path(f).read_text())
+    return {"file": Path(f).name, **{k: d.get(k) for k in ("gpu_name", "machine", "commit", "date")}}
 
 
 def combine(earlier: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
@@ -369,11 +381,12 @@ def run(p: ParitySettings, cpu: bool, out_json: Path) -> dict[str, Any]:
     report: dict[str, Any] = {
         "kind": "parity",
         "machine": platform.node(),
-        "gpu_name": None if cpu else torch.cuda.get_device_name(0),
+        "gpu_name": torch.cuda.get_device_name(0) if not cpu and torch.cuda.is_available() else None,
         "cpus": os.cpu_count(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": os.environ.get("YOLO_RAY_COMMIT") or gitinfo.commit(Path(__file__).parent),
         "settings": asdict(p),
+        "merged_from": [_header(item.partition(":")[0]) for item in p.listed("merge")],
         "results": [],
     }
     out_json.parent.mkdir(parents=True, exist_ok=True)
@@ -408,13 +421,19 @@ def _data(p: ParitySettings) -> tuple[Path, dict[str, Any]]:
     return data_yaml, coco_eval.ground_truth(data_yaml)
 
 
+def _devices(report: dict[str, Any]) -> str:
+    """The devices this table's runs trained on: this call's and the merged files'."""
+    names = {report["gpu_name"], *(h.get("gpu_name") for h in report.get("merged_from", []))}
+    return ", ".join(sorted({n or "CPU" for n in names}))
+
+
 def print_table(report: dict[str, Any]) -> None:
     s = report["settings"]
     print(
         f"\nparity on real-shaped data: {s['model']} @ {s['imgsz']} px, {s['images']} train images, "
-        f"{report['gpu_name'] or 'CPU'}; scores mean±sd over seeds; clocks (s) from runs that had the machine alone"
+        f"{_devices(report)}; scores mean±sd over seeds; clocks (s) from runs that had the machine alone"
     )
-    cols = ["path", "epochs", "seeds", "mAP50-95", "vs native", "mAP50", "coco AP", "AP_small", "AP_medium"]
+    cols = ["path", "epochs", "seeds", "mAP50-95", "vs native", "paired", "mAP50", "coco AP", "AP_small", "AP_medium"]
     cols += ["AP_large", "train_s", "startup_s", "wall_s", "timed seeds", "scorers differ"]
     print(" | ".join(c.ljust(13) for c in cols))
 
@@ -426,7 +445,10 @@ def print_table(report: dict[str, Any]) -> None:
             ms(r[k]) for k in ("mAP50-95", "mAP50", "coco_AP", "coco_AP_small", "coco_AP_medium", "coco_AP_large")
         ]
         seeds = ",".join(map(str, r["seeds"]))
-        cells = [r["path"], str(r["epochs"]), seeds, scores[0], f"{r.get('vs_native_mAP50-95', 0):+.4f}", *scores[1:]]
+        paired = r.get("vs_native_paired") or {}
+        pair = f"{paired['mean']:+.4f}±{paired['std']:.4f}" if paired.get("n") else "-"
+        cells = [r["path"], str(r["epochs"]), seeds, scores[0], f"{r.get('vs_native_mAP50-95', 0):+.4f}", pair]
+        cells += scores[1:]
         cells += [str(r[k]) for k in ("train_s", "startup_s", "wall_s")]
         cells += [",".join(map(str, r.get("timed_seeds", []))) or "-", f"{r['scorers_differ_by_max']:.5f}"]
         print(" | ".join(c.ljust(13) for c in cells))
