@@ -265,7 +265,9 @@ def rerun_after_failure(
         f"tracking.model_name={MODEL_NAME}",
     )
     run_dir = storage / "rerun"
-    failed = yolo_ray("train", *args, cwd=storage, env={**ENV, "YOLO_RAY_FAIL_AT": f"{RERUN_FAILS_AFTER}:0"})
+    # --verbose: this run's output is also the check that everything Ray and Ultralytics say can be seen
+    fail_env = {**ENV, "YOLO_RAY_FAIL_AT": f"{RERUN_FAILS_AFTER}:0"}
+    failed = yolo_ray("train", "--verbose", *args, cwd=storage, env=fail_env)
     failed_summary = json.loads((run_dir / "summary.json").read_text())
     failed_epochs = [h["epoch"] for h in read_jsonl(run_dir / "history.jsonl")]
     # what a worker killed inside a checkpoint report leaves: its staging directory (last.pt linked, no meta.json)

@@ -41,6 +41,8 @@ def test_failure_without_retries_keeps_checkpoints(rerun_after_failure: Rerun) -
     """max_failures=0: the run fails, loses nothing, and the same command resumes it (driver-level resume)."""
     r = rerun_after_failure
     assert r.failed.returncode == 1 and "InjectedFault" in r.failed.stdout
+    for said in ("Started a local Ray", "Ultralytics 8", "Starting training for", "Reporting training result"):
+        assert said in r.failed.stdout, said  # --verbose: Ray's and Ultralytics' own output as well
     assert r.failed_summary["status"] == "failed"
     assert r.failed_epochs == list(range(1, RERUN_FAILS_AFTER + 1))
     assert r.resumed.returncode == 0, r.resumed.stdout[-5000:]
@@ -54,7 +56,7 @@ def test_a_stopped_run_asked_for_more_epochs_is_refused(rerun_after_failure: Rer
     longer = rerun_after_failure.longer
     assert longer.returncode == 2 and "Traceback" not in longer.stdout, longer.stdout[-3000:]
     text = " ".join(longer.stdout.split())
-    assert "train.epochs" in text and "new run.name" in text and "Started a local Ray" not in longer.stdout
+    assert "train.epochs" in text and "new run.name" in text and "[yolo_ray] ray:" not in longer.stdout
 
 
 def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> None:

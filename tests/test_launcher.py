@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
 from pathlib import Path
 
 import pytest
-from conftest import LEARN_EPOCHS, REPO, STAGING_PREFIX, read_jsonl, small_run, yolo_ray
+from conftest import ENV, LEARN_EPOCHS, REPO, STAGING_PREFIX, read_jsonl, small_run, yolo_ray
 
 
 def _ranks(run_dir: Path) -> list[dict]:
@@ -28,15 +38,23 @@ def test_two_scorers_agree_on_trained_weights(ddp_run: Path, shapes: Path, tmp_p
     assert coco["AP_small"] is not None and coco["AP_medium"] is not None and coco["AP_large"] is None
 
 
-def test_each_progress_line_is_printed_once(ddp_run: Path) -> None:
-    """What the user reads: each epoch's line and the export line once (Ray Train's print patch printed every
-    worker `print` twice)."""
+# What a run prints besides its epoch lines (no TTY): where MLflow and Ray are, the export, the registration, done.
+OTHER_LINES = ("[yolo_ray] mlflow: run ", "[yolo_ray] ray: ", "[yolo_ray] exported ", "[yolo_ray] mlflow: registered ")
+CHATTER = ("Ultralytics 8", "Started a local Ray", "TrainController", "Reporting training result", "Epoch    GPU_mem")
+
+
+def test_the_terminal_shows_one_line_per_epoch(ddp_run: Path) -> None:
+    """What the user reads without a terminal (CI, `ray job submit` logs): one line per epoch, printed once (Ray
+    Train's print patch printed every worker `print` twice), a few lines around them, and none of Ray's or
+    Ultralytics' start-up chatter, model tables or per-batch bars (run.verbose shows those)."""
     (log,) = [p for p in ddp_run.parent.glob("cli-*.log") if "[yolo_ray] epoch 1/" in p.read_text()]
-    lines = [ln[ln.index("[yolo_ray]") :] for ln in log.read_text().splitlines() if "[yolo_ray]" in ln]
+    lines = log.read_text().splitlines()
     epochs = [ln for ln in lines if ln.startswith("[yolo_ray] epoch ")]
     assert [ln.split()[2] for ln in epochs] == [f"{e}/{LEARN_EPOCHS}" for e in range(1, LEARN_EPOCHS + 1)]
-    assert sum(ln.startswith("[yolo_ray] exported ") for ln in lines) == 1
-    assert len(lines) == len(set(lines)), [ln for ln in lines if lines.count(ln) > 1]
+    others = [ln for ln in lines if ln not in epochs]
+    assert [sum(ln.startswith(o) for ln in others) for o in OTHER_LINES] == [1, 1, 1, 1], others
+    assert others[-1].startswith("[yolo_ray] done: mAP50=") and len(others) == len(OTHER_LINES) + 1, others
+    assert not [ln for ln in lines if any(c in ln for c in CHATTER)]
 
 
 def test_a_finished_run_rerun_with_other_settings_is_refused(ddp_run: Path, shapes: Path) -> None:
@@ -51,7 +69,7 @@ def test_a_finished_run_rerun_with_other_settings_is_refused(ddp_run: Path, shap
     assert changed.returncode == 2 and "Traceback" not in changed.stdout, changed.stdout[-2000:]
     text = " ".join(changed.stdout.split())
     assert "train.lr0: 0.01 -> 0.02" in text and "train.extra.mosaic: None -> 0.5" in text and "new run.name" in text
-    assert "Started a local Ray" not in changed.stdout
+    assert "[yolo_ray] ray:" not in changed.stdout  # refused before Ray started
     assert (ddp_run / "summary.json").read_text() == before
 
 
@@ -161,13 +179,21 @@ def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, shapes: Pat
 SHARDED_EPOCHS = 3
 
 
-def test_sharded_device_cache_trains_one_model(shapes_small: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def sharded_tty_run(shapes_small: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A 2-worker device-loader run with a sharded cache, its output on a pseudo-terminal as a user at a shell sees
+    it; (run directory, what the terminal received)."""
+    tmp_path = tmp_path_factory.mktemp("sharded")
+    args = small_run(shapes_small, tmp_path, "sharded", "data.loader=device", "data.device_cache=sharded")
+    rc, out = run_in_pty(["train", *args, f"train.epochs={SHARDED_EPOCHS}"], cwd=tmp_path)
+    assert rc == 0, out[-5000:]
+    return tmp_path / "sharded", out
+
+
+def test_sharded_device_cache_trains_one_model(sharded_tty_run: tuple[Path, str]) -> None:
     """data.device_cache=sharded: each of the 2 workers decodes and holds only its half of the images (what lets N
     GPUs cache N times the data), draws its batches from that half only, and the two still train one model."""
-    args = small_run(shapes_small, tmp_path, "sharded", "data.loader=device", "data.device_cache=sharded")
-    proc = yolo_ray("train", *args, f"train.epochs={SHARDED_EPOCHS}", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-5000:]
-    run_dir = tmp_path / "sharded"
+    run_dir, _ = sharded_tty_run
     ranks = _ranks(run_dir)
     assert [r["cached_images"] for r in ranks] == [48, 48]
     shard0, shard1 = (set(r["shard_indices_epoch0"]) for r in ranks)
@@ -176,3 +202,40 @@ def test_sharded_device_cache_trains_one_model(shapes_small: Path, tmp_path: Pat
     history = read_jsonl(run_dir / "history.jsonl")
     assert [h["epoch"] for h in history] == list(range(1, SHARDED_EPOCHS + 1))
     assert all(math.isfinite(h["train/box_loss"]) for h in history)
+
+
+def test_a_terminal_gets_a_progress_bar(sharded_tty_run: tuple[Path, str]) -> None:
+    """On a terminal the driver draws one bar for the epoch in flight (from rank 0's progress.json) and prints
+    the epoch lines above it, each once; Ray's and Ultralytics' chatter stays out here too."""
+    run_dir, out = sharded_tty_run
+    assert re.search(r"\repoch 1/3: +\d+%\|", out), out[-3000:]  # tqdm redrawing in place
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out)  # the bar's cursor moves
+    lines = [ln.split("\r")[-1].strip() for ln in text.splitlines()]
+    epochs = [ln for ln in lines if ln.startswith("[yolo_ray] epoch ")]
+    assert [ln.split()[2] for ln in epochs] == [f"{e}/{SHARDED_EPOCHS}" for e in range(1, SHARDED_EPOCHS + 1)]
+    shown = [ln for ln in lines if ln and not re.match(r"epoch \d+/\d+:", ln)]  # all but the bar's last state
+    assert all(ln.startswith("[yolo_ray] ") for ln in shown), shown  # no worker warnings, no chatter
+    progress = json.loads((run_dir / "progress.json").read_text())
+    assert progress["epoch"] == SHARDED_EPOCHS and progress["batch"] == progress["batches"] > 0
+
+
+def run_in_pty(args: list[str], cwd: Path, timeout: float = 600) -> tuple[int, str]:
+    """`python -m yolo_ray ARGS` with its stdin, stdout and stderr on a pseudo-terminal; (exit code, output)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a window: 40 rows, 160 columns
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "yolo_ray", *args], cwd=cwd, env=ENV, stdin=slave, stdout=slave, stderr=slave
+    )
+    os.close(slave)
+    out, deadline = bytearray(), time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        try:
+            data = os.read(master, 65536) if ready else b""
+        except OSError:  # EIO: every process holding the terminal has closed it
+            break
+        if ready and not data:
+            break
+        out += data
+    os.close(master)
+    return proc.wait(60), out.decode(errors="replace")

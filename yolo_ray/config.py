@@ -106,6 +106,7 @@ class RunSection:
     fail_at_epoch: int | None = None  # fault injection: raise after this epoch's checkpoint (first attempt)
     fail_rank: int = 0
     profile_steps: int = 0  # > 0: torch.profiler over this many steps of epoch 2 on rank 0 (profile.txt/.json)
+    verbose: bool = False  # true: Ray's and Ultralytics' own output too (start-up, tables, per-batch bars)
 
 
 @dataclass

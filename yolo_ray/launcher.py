@@ -13,6 +13,7 @@ import yaml
 from yolo_ray import run_lock, user_callbacks
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.data import checks
+from yolo_ray.progress import EpochConsole
 from yolo_ray.summary import write_summary
 
 
@@ -200,6 +201,7 @@ def _fit(
     parent_run_id: str | None,
 ) -> dict[str, Any]:
     """Connect to Ray, start MLflow, run the TorchTrainer, write summary.json (the run directory locked)."""
+    import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -212,7 +214,7 @@ def _fit(
 
         uri = tracking.tracking_uri(cfg)
         tracking.check_reachable(cfg, uri)
-    where = ray_cluster.connect(cfg.run.ray_address)
+    where = ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
     scaling = ray_cluster.resolve(cfg)
     nodes = ray_cluster.node_count()
     (run_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
@@ -243,6 +245,7 @@ def _fit(
             "fault": {"epoch": cfg.run.fail_at_epoch, "rank": cfg.run.fail_rank},
             "export": cfg.tracking.enabled and cfg.tracking.register,
             "callbacks": [vars(c) for c in user_callbacks.parse(cfg.train.callbacks, cfg.source)],
+            "verbose": cfg.run.verbose,
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
@@ -259,11 +262,13 @@ def _fit(
             failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
             callbacks=callbacks or None,
+            logging_config=ray.LoggingConfig(log_level="INFO" if cfg.run.verbose else "WARNING"),
         ),
         torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
     )
     try:
-        result = trainer.fit()
+        with EpochConsole(run_dir, cfg.train.epochs):
+            result = trainer.fit()
     except Exception as e:
         write_summary(run_dir, cfg, scaling, started, status="failed", error=str(e))
         if tracker:
@@ -278,6 +283,7 @@ def _fit(
         status="finished",
         checkpoint=result.checkpoint.path if result.checkpoint else None,
     )
+    _say_exported(run_dir, started)
     if tracker:
         tracker.stop_following()
         summary["mlflow"] = {"tracking_uri": uri, **tracker.finish("finished")}
@@ -288,6 +294,18 @@ def _fit(
         flush=True,
     )
     return summary
+
+
+def _say_exported(run_dir: Path, started: float) -> None:
+    """Rank 0 exported best.pt and checked the ONNX model against PyTorch (export/check.json): say so."""
+    check = run_dir / "export" / "check.json"
+    if check.exists() and check.stat().st_mtime >= started:
+        c = json.loads(check.read_text())
+        print(
+            f"[yolo_ray] exported {run_dir / 'train' / 'weights' / 'best.pt'} -> {check.parent / 'model.onnx'} "
+            f"(onnxruntime vs PyTorch max |diff| {c['max_abs_diff']:.2e} of scale {c['output_scale']:.1f})",
+            flush=True,
+        )
 
 
 def _yaml(d: dict) -> str:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import ray
 
+from yolo_ray import console
 from yolo_ray.config import ConfigError, ExperimentConfig, check_batch_divides, check_gpu_only
 
 
@@ -19,23 +24,57 @@ class Scaling:
     placement_strategy: str
 
 
-def connect(address: str | None) -> str:
+def connect(address: str | None, verbose: bool = False) -> str:
     """Attach to `address` (or RAY_ADDRESS, as set by `ray job submit`); else start a private local Ray.
 
     A local Ray starts with its dashboard (on 127.0.0.1): its state API is what Ray Train's placement-group cleaner
     asks about dead controllers, so the groups of stopped Tune trials are freed (without it they leak and later
     trials wait forever, and every run logs "State API may be temporarily unavailable").
+    Not verbose: Ray's own INFO lines stay in its log files, and known noise in forwarded worker output is dropped
+    (console.filter_forwarded_logs).
     """
     if ray.is_initialized():
         return "existing"
     address = address or os.environ.get("RAY_ADDRESS")
+    level = logging.INFO if verbose else logging.WARNING
     # No runtime_env here: under `ray job submit` the job's own runtime env (working dir, env vars) must apply
     # unmerged; workers set Ultralytics' offline environment themselves (ultralytics_env).
     if address:
-        ray.init(address=address, log_to_driver=True)
-        return address
-    ray.init(address="local", include_dashboard=None, dashboard_host="127.0.0.1")  # None: if ray[default] is in
-    return "local"
+        ray.init(address=address, log_to_driver=True, logging_level=level)
+        where = address
+    else:
+        with _private_address():
+            ray.init(address="local", include_dashboard=None, dashboard_host="127.0.0.1", logging_level=level)
+        where = "local"
+    console.filter_forwarded_logs(verbose)
+    return where
+
+
+@contextlib.contextmanager
+def _private_address() -> Iterator[None]:
+    """A private local Ray whose own processes know its address. Ray's state API, which Ray Train's placement-group
+    cleaner calls from inside the cluster, finds "the" local Ray by looking for GCS processes on the host: with a
+    second Ray on the machine it finds two and fails ("Found multiple active Ray instances"), and stopped trials'
+    groups are never freed. The GCS gets a port chosen here and every process started under it RAY_ADDRESS; the
+    driver's own environment is restored once Ray is up."""
+    port = _free_port()
+    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_GCS_SERVER_PORT")}
+    os.environ["RAY_GCS_SERVER_PORT"] = str(port)
+    os.environ["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def alive_nodes() -> list[dict]:

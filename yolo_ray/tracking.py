@@ -9,11 +9,15 @@ the same command continues the same MLflow run.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -145,7 +149,9 @@ def run_tags(cfg: ExperimentConfig) -> dict[str, str]:
 
 
 # Keys that describe how a run was driven, not what it trained: left out of its MLflow params.
-NOT_PARAMS = ("run.fail_at_epoch", "run.fail_rank", "run.ray_address", "tracking.tags", "tracking.outage_grace_s")
+NOT_PARAMS = (
+    "run.fail_at_epoch", "run.fail_rank", "run.ray_address", "run.verbose", "tracking.tags", "tracking.outage_grace_s",
+)  # fmt: skip
 
 
 def run_params(cfg: ExperimentConfig, sweep_trial: bool) -> dict[str, Any]:
@@ -178,6 +184,23 @@ def describe(cfg: ExperimentConfig, workers: int | None) -> str:
     return f"{cfg.model} on {data}, {who}, {cfg.train.epochs} epochs at {cfg.train.imgsz} px."
 
 
+@contextlib.contextmanager
+def _quiet(verbose: bool) -> Iterator[None]:
+    """MLflow's own words while logging a model (its "Successfully registered" / "Created version" on stderr, and
+    a warning that this machine's onnxruntime has no GPU provider): yolo_ray says what was registered itself."""
+    if verbose:
+        yield
+        return
+    logger = logging.getLogger("mlflow")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def _round(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else value
 
@@ -189,6 +212,8 @@ class Tracker:
         from mlflow import MlflowClient
 
         self.cfg, self.run_dir, self.uri, self.parent_run_id = cfg, run_dir, uri, parent_run_id
+        if not cfg.run.verbose:  # MLflow's INFO lines (database set-up, ...) stay out of the user's terminal
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         self.state_file = run_dir / STATE
         self.state: dict[str, Any] = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
@@ -393,7 +418,7 @@ class Tracker:
         mlflow.set_tracking_uri(self.uri)
         mlflow.set_registry_uri(self.uri)
         final = json.loads((self.run_dir / "final_metrics.json").read_text())
-        with mlflow.start_run(run_id=run_id):
+        with mlflow.start_run(run_id=run_id), _quiet(self.cfg.run.verbose):
             info = mlflow.onnx.log_model(
                 onnx.load(str(onnx_path)),
                 name=self.cfg.run.name,

@@ -17,11 +17,13 @@ from pathlib import Path
 INTEGRATIONS = ("mlflow", "raytune", "clearml", "comet", "dvc", "tensorboard", "wandb", "sync")
 
 
-def set_offline_env(config_dir: str | Path | None = None) -> None:
-    """Environment for an offline Ultralytics: no downloads, no pip, a private settings dir per process."""
+def set_offline_env(config_dir: str | Path | None = None, verbose: bool = True) -> None:
+    """Environment for an offline Ultralytics: no downloads, no pip, a private settings dir per process; verbose
+    false: only its warnings and errors (a Ray worker's start-up chatter, tables and bars stay out of the user's
+    terminal; the driver prints one line per epoch)."""
     os.environ["YOLO_OFFLINE"] = "1"
     os.environ["YOLO_AUTOINSTALL"] = "false"
-    os.environ.setdefault("YOLO_VERBOSE", "true")
+    os.environ["YOLO_VERBOSE"] = str(verbose).lower()
     if config_dir is None:  # one dir per process: concurrent ranks must not race on one settings.json
         _remove_dead_settings_dirs()
         config_dir = Path(tempfile.gettempdir()) / f"{SETTINGS_PREFIX}{os.getpid()}"

@@ -12,6 +12,7 @@ import shutil
 import socket
 import threading
 import time
+import warnings
 from concurrent import futures
 from contextlib import ExitStack
 from pathlib import Path
@@ -25,6 +26,7 @@ from yolo_ray import faults, user_callbacks
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
 from yolo_ray.metrics import epoch_metrics, final_metrics
+from yolo_ray.progress import ProgressWriter
 from yolo_ray.summary import append_history, read_history
 
 
@@ -33,7 +35,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     profile_steps, fault, export)."""
     from yolo_ray import ultralytics_env
 
-    ultralytics_env.set_offline_env()
+    ultralytics_env.set_offline_env(verbose=config.get("verbose", False))
+    if not config.get("verbose"):
+        # DDP compares a gradient's strides with its bucket's, size-1 dimensions included: a depthwise conv's
+        # [C, 1, 3, 3] weight whose gradient comes back channels-last (the device loader's images are) is the same
+        # memory order, and DDP warns once per rank that it is not
+        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
@@ -72,6 +79,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         user_callbacks.attach(trainer, [user_callbacks.UserCallback(**c) for c in config.get("callbacks", [])], rank)
         reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
         reporter.attach()
+        if rank == 0:
+            ProgressWriter(run_dir).attach(trainer)
         if rank == 0 and config["profile_steps"]:
             from yolo_ray.profiling import StepProfiler
 
@@ -95,14 +104,7 @@ def export_best(trainer: Any, run_dir: Path) -> None:
     val_images = sorted(trainer.validator.dataloader.dataset.im_files)[:4]
     out = run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
-    check = export_and_check(trainer.best, [Path(p) for p in val_images], trainer.args.imgsz, out)
-    say(
-        f"[yolo_ray] exported {trainer.best} -> {out / 'model.onnx'} (onnxruntime vs PyTorch max |diff| "
-        f"{check['max_abs_diff']:.2e} of scale {check['output_scale']:.1f})"
-    )
-
-
-SHOWN = ("train/box_loss", "train/cls_loss", "precision", "recall", "mAP50", "mAP50-95", "lr/pg0", "images_per_s")
+    export_and_check(trainer.best, [Path(p) for p in val_images], trainer.args.imgsz, out)  # the driver reports it
 
 
 def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | None]:
@@ -178,11 +180,7 @@ class EpochReporter:
         if self.rank == 0:
             metrics = epoch_metrics(trainer, self.t_train_end - self.t_epoch, self.resumed_from)
             metrics["save_s"] = t_fit_end - self.t_train_end  # Ultralytics' end of epoch: validation, CSV, snapshot
-            metrics["start_weights_sha256"] = self.start_digest
-            say(
-                f"[yolo_ray] epoch {metrics['epoch']}/{trainer.epochs} "
-                + " ".join(f"{k}={_fmt(metrics[k])}" for k in SHOWN if k in metrics)
-            )
+            metrics["start_weights_sha256"] = self.start_digest  # the driver prints the epoch from history.jsonl
         metrics = _broadcast(metrics)
         metrics["time"] = time.time()  # the epoch's end (its line is written later, once persisted)
         if self.rank == 0 and trainer.writer.has(trainer.epoch):
@@ -255,10 +253,6 @@ def _broadcast(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def write_rank_record(trainer: Any, run_dir: Path, ctx: Any, device: torch.device, resumed_from: int | None) -> None:
