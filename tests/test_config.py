@@ -137,7 +137,7 @@ def test_cli_cuda_graphs_on_a_cpu_only_cluster(shapes_small: Path, tmp_path: Pat
 
 
 def test_accumulate_maps_to_ultralytics_nbs(tmp_path: Path) -> None:
-    from yolo_ray.launcher import ultralytics_overrides
+    from yolo_ray.inputs import ultralytics_overrides
 
     cfg = config.load(None, ["train.batch=16", "train.accumulate=3", "train.weight_decay=0.0005"])
     o = ultralytics_overrides(cfg, "yolo11n.yaml", tmp_path / "data.yaml", tmp_path / "train")

@@ -53,20 +53,24 @@ def test_one_run_with_params_metrics_and_artifacts(ddp_run: Path, mlflow_server:
     assert p["scaling.cpus_reserved_per_worker"] == "1.0"  # what Ray reserved (the config may say `auto`)
     assert run.data.tags["version.ultralytics"] and run.data.tags["version.ray"] and run.data.tags["version.torch"]
     for metric in (
-        "mAP50",
-        "mAP50-95",
-        "precision",
-        "recall",
+        "metrics/mAP50",
+        "metrics/mAP50-95",
+        "metrics/precision",
+        "metrics/recall",
         "train/box_loss",
         "val/box_loss",
         "lr/pg0",
-        "epoch_time_s",
-        "val_s",
-        "val_ms_per_image/postprocess",
-        "images_per_s",
-        "gpu_mem_peak_gib",
+        "time/epoch_s",
+        "time/train_s",
+        "time/val_s",
+        "time/val_ms_per_image/postprocess",
+        "speed/images_per_s",
     ):
         assert _steps(client, run.info.run_id, metric) == list(range(1, LEARN_EPOCHS + 1)), metric
+    # grouped as Ultralytics' results.csv is; nothing that only restates the run (the step, a first attempt's
+    # resumed_from_epoch -1, fitness = mAP50-95, the world size param, a CPU run's GPU memory 0)
+    groups = {k.split("/")[0] for k in run.data.metrics}
+    assert groups == {"metrics", "train", "val", "lr", "time", "speed", "final"}, run.data.metrics.keys()
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     artifacts |= {a.path for d in ("results", "weights") for a in client.list_artifacts(run.info.run_id, d)}
     for name in (
@@ -161,8 +165,8 @@ def test_rest_api_the_ui_uses_lists_the_run(ddp_run: Path, mlflow_server: Mlflow
     learn = [r for r in runs if r["info"]["run_name"] == "learn"]
     assert len(learn) == 1
     metrics = {m["key"]: m for m in learn[0]["data"]["metrics"]}
-    assert metrics["mAP50"]["step"] == LEARN_EPOCHS and metrics["mAP50"]["value"] >= 0.5
-    assert {"mAP50-95", "precision", "recall", "train/box_loss", "val/box_loss"} <= metrics.keys()
+    assert metrics["metrics/mAP50"]["step"] == LEARN_EPOCHS and metrics["metrics/mAP50"]["value"] >= 0.5
+    assert {"metrics/mAP50-95", "metrics/precision", "train/box_loss", "val/box_loss"} <= metrics.keys()
 
 
 def test_server_down_at_start_is_a_clear_error(tmp_path: Path) -> None:
@@ -219,19 +223,17 @@ def test_outage_and_worker_restart_lose_nothing(shapes_small: Path, tmp_path: Pa
         client = MlflowClient(server.uri, registry_uri=server.uri)
         run = _run(client, "outage")
         assert run.info.status == "FINISHED"
-        for metric in ("mAP50", "train/box_loss", "epoch"):
+        for metric in ("metrics/mAP50", "train/box_loss", "time/train_s"):
             assert _steps(client, run.info.run_id, metric) == list(range(1, EPOCHS + 1)), metric
-        assert [
-            m.value
-            for m in sorted(client.get_metric_history(run.info.run_id, "resumed_from_epoch"), key=lambda m: m.step)
-        ] == [-1] * 3 + [3] * 4
+        resumed = sorted(client.get_metric_history(run.info.run_id, "resumed_from_epoch"), key=lambda m: m.step)
+        assert [(m.step, m.value) for m in resumed] == [(e, 3) for e in range(4, EPOCHS + 1)]  # the resumed epochs
         assert "weights/best.pt" in {a.path for a in client.list_artifacts(run.info.run_id, "weights")}
         assert client.get_model_version_by_alias("yolo_ray-outage", "candidate").run_id == run.info.run_id
         assert "cannot reach" in (tmp_path / "driver.log").read_text()
         # Nothing left to send: a sync is a no-op, not a duplicate.
         proc = yolo_ray("sync", str(tmp_path / "outage"), cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout[-3000:]
-        assert _steps(client, run.info.run_id, "mAP50") == list(range(1, EPOCHS + 1))
+        assert _steps(client, run.info.run_id, "metrics/mAP50") == list(range(1, EPOCHS + 1))
     finally:
         server.stop()
 

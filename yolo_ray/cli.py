@@ -93,13 +93,20 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    from yolo_ray import config, launcher
+    """Everything `train` and `tune` check before Ray starts: the config, the model, the dataset (every image and
+    label), Ultralytics' arguments, the storage, the tracking server and alias, the sweep."""
+    from yolo_ray import config, inputs, sweep, tracking
 
     path, overrides = _split(ns.args)
     cfg = config.load(path, overrides)
     if not ns.no_data:
-        model, data_yaml = launcher.prepare(cfg)
-        print(f"model: {model}\ndata: {data_yaml}")
+        checked = inputs.prepare(cfg)
+        print(f"model: {checked.model}")
+        print(checked.dataset.describe())
+    if cfg.tracking.enabled:
+        tracking.check(cfg, tracking.tracking_uri(cfg))
+    if cfg.tune.space:
+        sweep.check_space(cfg)
     print(f"{cfg.source}: OK")
     return 0
 

@@ -18,27 +18,31 @@ from typing import Any
 import yaml
 from PIL import Image
 
-from yolo_ray.data.checks import dataset_root, image_files, label_file
+from yolo_ray.data.checks import split_images
 
 
 def val_images(data_yaml: Path) -> list[Path]:
     """The val split's images, found as the driver's dataset checks find them (a folder, a .txt list or a list)."""
-    data = yaml.safe_load(data_yaml.read_text())
-    images, _ = image_files(data["val"], dataset_root(data_yaml, data))
-    return sorted(images)
+    from yolo_ray import ultralytics_env
+
+    ultralytics_env.setup()
+    return split_images(data_yaml, "val")
 
 
 def ground_truth(data_yaml: Path) -> dict[str, Any]:
     """COCO ground truth from YOLO labels: one image per val image (id = its index), one annotation per label line,
     boxes in the image's own pixels, area = box area (no masks), category = class id + 1 (Ultralytics' map)."""
+    paths = val_images(data_yaml)  # sets Ultralytics up before its first import
+    from ultralytics.data.utils import img2label_paths
+
     names = yaml.safe_load(data_yaml.read_text())["names"]
     n_classes = len(names)
     images, annotations = [], []
-    for image_id, path in enumerate(val_images(data_yaml)):
+    for image_id, path in enumerate(paths):
         with Image.open(path) as im:  # the header's size: the image as stored, no decode
             w, h = im.size
         images.append({"id": image_id, "file_name": path.name, "width": w, "height": h})
-        label = label_file(path)
+        label = Path(img2label_paths([str(path)])[0])
         for line in label.read_text().splitlines() if label.exists() else []:
             if not line.strip():
                 continue

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import functools
 import importlib.util
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ class DataConfig:
     # device loader only. replicated: every worker holds all images (reshuffled across workers each epoch);
     # sharded: each holds a fixed 1/num_workers of them (N workers hold N times more); auto: replicated if that fits
     device_cache: Literal["auto", "replicated", "sharded"] = "auto"
+    # the share of a split's images that may be unusable (corrupt, too small, bad label rows): Ultralytics skips them,
+    # yolo_ray names them; above it the run is refused before it starts
+    max_bad_fraction: float = 0.01
 
 
 @dataclass
@@ -211,6 +215,10 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     return isinstance(value, tp), value
 
 
+def _wants_str(tp: Any) -> bool:
+    return tp is str or (typing.get_origin(tp) in (Union, types.UnionType) and str in typing.get_args(tp))
+
+
 def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(
@@ -238,12 +246,13 @@ def _build(cls: type, raw: Any, source: str, prefix: str) -> Any:
             continue
         ok, coerced = _coerce(value, tp)
         if not ok:
-            raise ConfigError(
-                source,
-                dotted,
-                f"{value!r} is not a valid value; expected {_describe(tp)}.",
-                f"set `{dotted}` to {_describe(tp)}.",
-            )
+            fix = f"set `{dotted}` to {_describe(tp)}."
+            if _wants_str(tp) and isinstance(value, (bool, int, float)):  # YAML read `yes`, `on`, `1e3` as such
+                fix = (
+                    f'quote the value to keep it text, e.g. {dotted}=\'"yes"\' on the command line or "yes" in '
+                    "YAML (YAML reads yes, no, on and off as booleans, digits as numbers)."
+                )
+            raise ConfigError(source, dotted, f"{value!r} is not a valid value; expected {_describe(tp)}.", fix)
         kwargs[key] = coerced
     return cls(**kwargs)
 
@@ -345,6 +354,10 @@ def ultralytics_train_keys() -> frozenset[str]:
     return frozenset((yaml.safe_load(default.read_text()) or {}).keys())
 
 
+MAX_IMGSZ = 8192  # one uint8 image at 8192 px is 200 MB: beyond that a typo, not a dataset
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)} - {"extra", "callbacks"}
+
 # Keys yolo_ray sets itself: passing them through train.extra would fight the launcher.
 MANAGED_KEYS = {
     "model",
@@ -367,6 +380,10 @@ def check_static(cfg: ExperimentConfig) -> None:
     s, t, sc, r = cfg.source, cfg.train, cfg.scaling, cfg.run
     if t.epochs < 1:
         raise ConfigError(s, "train.epochs", f"must be >= 1, got {t.epochs}.", "set train.epochs to 1 or more.")
+    if t.imgsz > MAX_IMGSZ:
+        raise ConfigError(
+            s, "train.imgsz", f"{t.imgsz} is beyond {MAX_IMGSZ} px.", f"use a multiple of 32 up to {MAX_IMGSZ}."
+        )
     if t.imgsz < 32 or t.imgsz % 32:
         up = max(32, (t.imgsz + 31) // 32 * 32)
         raise ConfigError(
@@ -421,8 +438,13 @@ def check_static(cfg: ExperimentConfig) -> None:
         )
     if r.profile_steps < 0:
         raise ConfigError(s, "run.profile_steps", "must be >= 0.", "set it to 0 (off) or a number of steps, e.g. 20.")
-    if not r.name or "/" in r.name:
-        raise ConfigError(s, "run.name", f"{r.name!r} is not a plain name.", "use letters, digits, '-' or '_'.")
+    if not RUN_NAME.fullmatch(r.name):  # `..` or `a/b` would put the run outside run.storage_path
+        raise ConfigError(
+            s,
+            "run.name",
+            f"{r.name!r} is not a plain name (it names a folder under run.storage_path).",
+            "use letters, digits, '.', '-' or '_', starting with a letter or digit.",
+        )
     from yolo_ray import user_callbacks  # imports this module: checked here, defined there
 
     user_callbacks.parse(t.callbacks, s)
@@ -431,6 +453,10 @@ def check_static(cfg: ExperimentConfig) -> None:
     check_device_loader(cfg)
     known = ultralytics_train_keys()
     for key in t.extra:
+        if key in TRAIN_KEYS:  # train.extra.epochs would beat train.epochs behind its back
+            raise ConfigError(
+                s, f"train.extra.{key}", f"is train.{key}, set twice.", f"set train.{key} and remove train.extra.{key}."
+            )
         if key in MANAGED_KEYS:
             raise ConfigError(
                 s,
@@ -446,6 +472,10 @@ def check_static(cfg: ExperimentConfig) -> None:
                 "is not an Ultralytics train argument.",
                 f"remove it{f' or use `{close[0]}`' if close else ''}.",
             )
+    if not 0 <= cfg.data.max_bad_fraction <= 1:
+        raise ConfigError(
+            s, "data.max_bad_fraction", "must be a share between 0 and 1.", "set e.g. 0.01 (1% of a split's images)."
+        )
     if cfg.data.path == "synthetic":
         syn = cfg.data.synthetic
         if syn.imgsz < 32 or not 1 <= syn.classes <= 8 or syn.images < 2:

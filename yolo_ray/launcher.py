@@ -3,94 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from yolo_ray import run_lock, user_callbacks
+from yolo_ray import inputs, run_lock, user_callbacks
 from yolo_ray.config import ConfigError, ExperimentConfig
-from yolo_ray.data import checks
 from yolo_ray.progress import EpochConsole
 from yolo_ray.summary import write_summary
-
-
-def resolve_model(cfg: ExperimentConfig) -> str:
-    """A model Ultralytics can build offline: a local .pt/.yaml file, or a YOLO architecture yaml it ships."""
-    model = cfg.model
-    local = Path(model).expanduser()
-    if local.is_file():
-        return str(local.resolve())
-    if model.endswith(".pt"):
-        raise ConfigError(
-            cfg.source,
-            "model",
-            f"weights file {model} does not exist (nothing is downloaded).",
-            "give a local .pt path, or an architecture such as yolo11n.yaml to train from scratch.",
-        )
-    if model.endswith((".yaml", ".yml")) and _shipped_model_yaml(model):
-        return model
-    raise ConfigError(
-        cfg.source,
-        "model",
-        f"{model!r} is neither a local file nor an Ultralytics model yaml.",
-        "use e.g. yolo11n.yaml / yolo11s.yaml, or a path to a local .pt or .yaml.",
-    )
-
-
-def _shipped_model_yaml(name: str) -> bool:
-    import importlib.util
-
-    spec = importlib.util.find_spec("ultralytics")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    root = Path(next(iter(spec.submodule_search_locations))) / "cfg" / "models"
-    unscaled = re.sub(r"(\d+)([nslmx])(.*)\.ya?ml$", r"\1\3.yaml", name)  # yolo11n.yaml -> yolo11.yaml
-    return any(root.rglob(name)) or any(root.rglob(unscaled))
-
-
-def ultralytics_overrides(cfg: ExperimentConfig, model: str, data_yaml: Path, save_dir: Path) -> dict[str, Any]:
-    """The Ultralytics train arguments for this experiment (batch is global; accumulate maps to nbs)."""
-    t = cfg.train
-    overrides = {
-        "model": model,
-        "data": str(data_yaml),
-        "epochs": t.epochs,
-        "imgsz": t.imgsz,
-        "batch": t.batch,
-        "lr0": t.lr0,
-        "lrf": t.lrf,
-        "optimizer": t.optimizer,
-        "momentum": t.momentum,
-        "weight_decay": t.weight_decay,
-        "warmup_epochs": t.warmup_epochs,
-        "cos_lr": t.cos_lr,
-        "amp": t.amp,
-        "cache": t.cache,
-        "workers": t.workers,
-        "seed": t.seed,
-        "deterministic": t.deterministic,
-        "close_mosaic": t.close_mosaic,
-        "patience": t.patience,
-        "val": t.val,
-        "plots": t.plots,
-        "save_dir": str(save_dir),
-        "exist_ok": True,
-        "pretrained": False,
-        **t.extra,
-    }
-    if t.accumulate is not None:  # Ultralytics steps every round(nbs / batch) batches; weight decay scales with it
-        overrides["nbs"] = t.batch * t.accumulate
-    return overrides
-
-
-def prepare(cfg: ExperimentConfig) -> tuple[str, Path]:
-    """All input checks that need no cluster; returns (model, data.yaml)."""
-    model = resolve_model(cfg)
-    data_yaml = checks.prepare(cfg)
-    return model, data_yaml
 
 
 def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
@@ -99,14 +21,15 @@ def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: s
     callbacks: Ray Train callbacks (a Tune trial passes TuneReportCallback); parent_run_id nests the MLflow run.
     """
     started = time.time()
-    model, data_yaml = prepare(cfg)
-    run_dir = (Path(cfg.run.storage_path).expanduser() / cfg.run.name).resolve()
+    checked = inputs.prepare(cfg)
+    run_dir = inputs.check_storage(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     with run_lock.hold(run_dir, cfg.source):  # before Ray: a second driver of this run fails here
         finished = _finished(cfg, run_dir)  # decided under the lock: a driver that waited sees the first one's end
         if finished is not None:
             return finished
-        return _fit(cfg, model, data_yaml, run_dir, started, callbacks, parent_run_id)
+        data_yaml = checked.dataset.write(run_dir)  # what the workers read: every dataset path absolute
+        return _fit(cfg, checked.model, data_yaml, run_dir, started, callbacks, parent_run_id)
 
 
 # What a finished run is: a re-run that differs here would not train what it asks for (the rest may change freely:
@@ -213,7 +136,7 @@ def _fit(
         from yolo_ray import tracking
 
         uri = tracking.tracking_uri(cfg)
-        tracking.check_reachable(cfg, uri)
+        tracking.check(cfg, uri)
     where = ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
     scaling = ray_cluster.resolve(cfg)
     nodes = ray_cluster.node_count()
@@ -234,7 +157,7 @@ def _fit(
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "overrides": ultralytics_overrides(cfg, model, data_yaml, run_dir / "train"),
+            "overrides": inputs.ultralytics_overrides(cfg, model, data_yaml, run_dir / "train"),
             "run_dir": str(run_dir),
             "sync_bn": cfg.train.sync_bn,
             "loader": cfg.data.loader,

@@ -13,6 +13,13 @@ RENAMES = {
 }
 
 
+# What every epoch reports that a sweep can optimise (Tune's metric): the scores and the losses.
+SWEEPABLE = (
+    "mAP50-95", "mAP50", "precision", "recall", "fitness",
+    *(f"{split}/{loss}_loss" for split in ("train", "val") for loss in ("box", "cls", "dfl")),
+)  # fmt: skip
+
+
 def clean(metrics: dict[str, Any]) -> dict[str, float]:
     return {RENAMES.get(k, k): float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo_ray.config import ExperimentConfig
-from yolo_ray.launcher import prepare, ultralytics_overrides
+from yolo_ray.inputs import check_storage, prepare, ultralytics_overrides
 from yolo_ray.metrics import clean
 
 
@@ -64,12 +64,14 @@ def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
     """
     from yolo_ray import ultralytics_env
 
-    ultralytics_env.setup()
+    ultralytics_env.setup()  # Ultralytics' own output, as a native run prints it
     from ultralytics import YOLO
 
     started = time.time()
-    model, data_yaml = prepare(cfg)
-    run_dir = (Path(cfg.run.storage_path).expanduser() / cfg.run.name).resolve()
+    checked = prepare(cfg)
+    run_dir = check_storage(cfg)
+    data_yaml = checked.dataset.write(run_dir)  # the same resolved data.yaml yolo_ray's workers read
+    model = checked.model
     overrides = ultralytics_overrides(cfg, model, data_yaml, run_dir / "train")
     overrides.pop("model")
     overrides["device"] = device

@@ -91,6 +91,14 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
     nodes = alive_nodes()
     total_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
     use_gpu = total_gpus > 0 if sc.use_gpu == "auto" else bool(sc.use_gpu)
+    if use_gpu and not total_gpus and not sc.autoscaling:
+        raise ConfigError(
+            src,
+            "scaling.use_gpu",
+            f"is true, but this Ray cluster ({len(nodes)} node(s)) has no GPUs.",
+            "train on CPUs (scaling.use_gpu: false, or device=cpu), or use a cluster with GPUs (scaling.autoscaling: "
+            "true if an autoscaler adds GPU nodes).",
+        )
     check_gpu_only(cfg, use_gpu, "this run trains on CPUs")
     gpus = sc.gpus_per_worker if use_gpu else 0.0
     if sc.num_workers == "auto":

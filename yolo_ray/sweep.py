@@ -18,6 +18,7 @@ import yaml
 
 from yolo_ray import config as config_mod
 from yolo_ray.config import ConfigError, ExperimentConfig, TuneSection
+from yolo_ray.metrics import SWEEPABLE
 from yolo_ray.summary import read_history
 
 KINDS = ("choice", "uniform", "loguniform", "grid")
@@ -50,6 +51,25 @@ def check_space(cfg: ExperimentConfig) -> None:
         )
     if t.num_samples < 1:
         raise ConfigError(src, "tune.num_samples", "must be >= 1.", "set tune.num_samples to 1 or more.")
+    if t.metric not in SWEEPABLE:  # found only after the first trial trained, otherwise
+        what = f"{t.metric!r} is not a metric every epoch reports."
+        raise ConfigError(src, "tune.metric", what, f"use one of {', '.join(SWEEPABLE)}.")
+    if t.scheduler == "asha" and t.reduction_factor < 2:
+        raise ConfigError(
+            src, "tune.reduction_factor", f"must be >= 2, got {t.reduction_factor}.", "ASHA keeps 1/factor: set 2 or 3."
+        )
+    if t.scheduler == "asha" and not 1 <= t.grace_period <= cfg.train.epochs:
+        raise ConfigError(
+            src,
+            "tune.grace_period",
+            f"{t.grace_period} is outside 1..train.epochs ({cfg.train.epochs}).",
+            "set the epochs every trial runs before ASHA may stop it, e.g. 2.",
+        )
+    for key, value in (("tune.max_concurrent", t.max_concurrent), ("tune.reference_batch", t.reference_batch)):
+        if value != "auto" and value < 1:
+            raise ConfigError(src, key, f"must be >= 1, got {value}.", "set it to 1 or more.")
+    if t.time_budget_s is not None and not t.time_budget_s > 0:
+        raise ConfigError(src, "tune.time_budget_s", "must be > 0 seconds.", "set a positive budget, or null.")
     if t.trial.num_workers < 1:
         raise ConfigError(src, "tune.trial.num_workers", "must be >= 1.", "set it to 1 or more.")
     if t.trial.num_workers > 1 and 0 < t.trial.gpus_per_worker < 1:
@@ -199,15 +219,15 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from yolo_ray import launcher, ray_cluster, tracking
+    from yolo_ray import inputs, ray_cluster, tracking
 
     check_space(cfg)
-    launcher.prepare(cfg)  # model and dataset checks (and synthetic generation) before any trial
+    inputs.prepare(cfg)  # model and dataset checks (and synthetic generation) before any trial
     sweep_dir = (Path(cfg.run.storage_path).expanduser() / cfg.run.name).resolve()
     uri = tracking.tracking_uri(cfg) if cfg.tracking.enabled else None
     if uri:
-        tracking.check_reachable(cfg, uri)
-    ray_cluster.connect(cfg.run.ray_address)
+        tracking.check(cfg, uri)
+    ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
     use_gpu = bool(cfg.scaling.use_gpu) if cfg.scaling.use_gpu != "auto" else ray.cluster_resources().get("GPU", 0) > 0
     cfg = resolve_trial_cpus(cfg, use_gpu, ray_cluster.alive_nodes())
     base = config_mod.apply(cfg, {"scaling.use_gpu": use_gpu, "data.path": cfg.data.path})

@@ -73,6 +73,31 @@ def check_reachable(cfg: ExperimentConfig, uri: str) -> None:
     )
 
 
+def check(cfg: ExperimentConfig, uri: str) -> None:
+    """Before any worker starts: the server answers, and the registry will take the model's name and alias (MLflow
+    refuses an alias shaped like a version, `v1`, or `latest`: found after training, the model would never get it)."""
+    check_reachable(cfg, uri)
+    if not cfg.tracking.register:
+        return
+    try:
+        from mlflow.utils import validation
+    except ImportError:
+        return
+    for key, value, rules in (
+        ("tracking.alias", cfg.tracking.alias, ("_validate_model_alias_name", "_validate_model_alias_name_reserved")),
+        ("tracking.model_name", cfg.tracking.model_name, ("_validate_model_name",)),
+    ):
+        for rule in (getattr(validation, r, None) for r in rules):
+            if value is None or rule is None:
+                continue
+            try:
+                rule(value)
+            except Exception as e:  # MlflowException: the registry's own rule, as its server applies it
+                raise ConfigError(
+                    cfg.source, key, f"MLflow's registry refuses {value!r}: {e}", "choose another, e.g. candidate."
+                ) from None
+
+
 def check_multinode(cfg: ExperimentConfig, uri: str, nodes: int) -> None:
     if nodes > 1 and is_local(uri):
         raise ConfigError(
@@ -205,6 +230,39 @@ def _round(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else value
 
 
+# history.jsonl's keys as the MLflow run shows them, grouped as Ultralytics' results.csv groups them (metrics/,
+# train/, val/, lr/) with timings under time/; MLflow sorts keys, so a group reads together in the UI.
+METRIC_NAMES = {
+    **{k: f"metrics/{k}" for k in ("precision", "recall", "mAP50", "mAP50-95")},
+    "epoch_time_s": "time/epoch_s",  # Ultralytics' epoch_time: training and the end of the epoch
+    "train_time_s": "time/train_s",  # the batch loop
+    "val_s": "time/val_s",
+    "save_s": "time/epoch_end_s",  # Ultralytics' end of epoch: validation, results.csv, the checkpoint snapshot
+    "report_s": "time/report_s",
+    "persist_s": "time/persist_s",
+    "checkpoint_write_s": "time/checkpoint_write_s",
+    "images_per_s": "speed/images_per_s",
+    "gpu_mem_peak_gib": "system/gpu_mem_peak_gib",
+}
+# Not metrics: the step itself, Ultralytics' fitness (its mAP50-95 for detection), a world size that is a param
+NOT_METRICS = ("epoch", "fitness", "world_size", "time")
+
+
+def mlflow_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """One history.jsonl row as MLflow metrics: grouped names, and nothing that only restates the run (a first
+    attempt's resumed_from_epoch -1, a CPU run's GPU memory 0)."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or key in NOT_METRICS:
+            continue
+        if (key == "resumed_from_epoch" and value < 0) or (key == "gpu_mem_peak_gib" and not value):
+            continue
+        if key.startswith("val_ms_per_image/"):
+            key = "time/" + key
+        out[METRIC_NAMES.get(key, key)] = float(value)
+    return out
+
+
 class Tracker:
     """The driver's MLflow writer for one run directory."""
 
@@ -280,11 +338,7 @@ class Tracker:
         sent = 0
         for row in history[self.state.get("synced", 0) :]:
             ts = int(row.get("time", time.time()) * 1000)
-            metrics = [
-                Metric(k, float(v), ts, int(row["epoch"]))
-                for k, v in row.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("time",)
-            ]
+            metrics = [Metric(k, v, ts, int(row["epoch"])) for k, v in mlflow_metrics(row).items()]
             self.client.log_batch(self.state["run_id"], metrics=metrics)
             self.state["synced"] = self.state.get("synced", 0) + 1
             self._save()
@@ -326,6 +380,15 @@ class Tracker:
             try:
                 return self._finish_once(status)
             except Exception as e:
+                if _refused(e):  # the server answered no (4xx): waiting will not change its answer
+                    self.state["pending"] = True
+                    self._save()
+                    print(
+                        f"[yolo_ray] mlflow: {self.uri} refused a request ({' '.join(str(e).split())}); the run's "
+                        f"results are kept: fix what it names, then run `yolo-ray sync {self.run_dir}`",
+                        flush=True,
+                    )
+                    return {"pending": True, "error": str(e)}
                 if time.time() > deadline:
                     self.state["pending"] = True
                     self._save()
@@ -346,9 +409,8 @@ class Tracker:
             self.state["artifacts_logged"] = True
             self._save()
         out: dict[str, Any] = {"run_id": run_id}
-        if status == "finished" and self.cfg.tracking.register and not self.state.get("model_version"):
-            self.state["model_version"] = self._register(run_id)
-            self._save()
+        if status == "finished" and self.cfg.tracking.register and not self.state.get("registered"):
+            self._register(run_id)
         if self.state.get("model_version"):
             out["model"] = {
                 "name": self.model_name,
@@ -399,8 +461,48 @@ class Tracker:
     def model_name(self) -> str:
         return self.cfg.tracking.model_name or f"yolo_ray-{self.cfg.run.name}"
 
-    def _register(self, run_id: str) -> str | None:
-        """Log export/model.onnx as an MLflow ONNX model and register it with tags and an alias."""
+    def _register(self, run_id: str) -> None:
+        """One model version per run, whatever retries and syncs do: the version this run already has (in
+        mlflow.json, or found in the registry by its run id) gets the tags and alias; only a run without one logs
+        export/model.onnx as an MLflow ONNX model and registers it."""
+        version = self.state.get("model_version") or self._version_of(run_id)
+        if version is None:
+            version = self._log_model(run_id)
+            if version is None:
+                return
+        self.state["model_version"] = version  # saved before the tags and alias: a retry reuses it
+        self._save()
+        final = json.loads((self.run_dir / "final_metrics.json").read_text())
+        tags = {
+            "mAP50": _round(final.get("mAP50")),
+            "mAP50-95": _round(final.get("mAP50-95")),
+            "run_id": run_id,
+            "data": self.cfg.data.path if self.cfg.data.path != "synthetic" else f"synthetic:{self.cfg.data.dir}",
+            "imgsz": self.cfg.train.imgsz,
+            "names": json.dumps(final.get("names", {})),
+        }
+        for k, v in tags.items():
+            self.client.set_model_version_tag(self.model_name, version, k, str(v))
+        self.client.set_registered_model_alias(self.model_name, self.cfg.tracking.alias, version)
+        self.state["registered"] = True
+        self._save()
+        print(
+            f"[yolo_ray] mlflow: registered models:/{self.model_name}@{self.cfg.tracking.alias} (version {version})",
+            flush=True,
+        )
+
+    def _version_of(self, run_id: str) -> str | None:
+        """The version of this model that this run registered, if any (a registration cut off before mlflow.json
+        recorded it)."""
+        with contextlib.suppress(Exception):  # no such registered model yet
+            versions = self.client.search_model_versions(f"run_id = '{run_id}'")
+            mine = sorted((v for v in versions if v.name == self.model_name), key=lambda v: int(v.version))
+            if mine:
+                return str(mine[0].version)
+        return None
+
+    def _log_model(self, run_id: str) -> str | None:
+        """export/model.onnx as an MLflow ONNX model (one file, a signature, an input example), registered."""
         import mlflow
         import numpy as np
         import onnx
@@ -417,7 +519,6 @@ class Tracker:
         output = session.run(None, {session.get_inputs()[0].name: example})[0]
         mlflow.set_tracking_uri(self.uri)
         mlflow.set_registry_uri(self.uri)
-        final = json.loads((self.run_dir / "final_metrics.json").read_text())
         with mlflow.start_run(run_id=run_id), _quiet(self.cfg.run.verbose):
             info = mlflow.onnx.log_model(
                 onnx.load(str(onnx_path)),
@@ -427,20 +528,14 @@ class Tracker:
                 input_example=example,
                 registered_model_name=self.model_name,
             )
-        version = str(info.registered_model_version)
-        tags = {
-            "mAP50": _round(final.get("mAP50")),
-            "mAP50-95": _round(final.get("mAP50-95")),
-            "run_id": run_id,
-            "data": self.cfg.data.path if self.cfg.data.path != "synthetic" else f"synthetic:{self.cfg.data.dir}",
-            "imgsz": imgsz,
-            "names": json.dumps(final.get("names", {})),
-        }
-        for k, v in tags.items():
-            self.client.set_model_version_tag(self.model_name, version, k, str(v))
-        self.client.set_registered_model_alias(self.model_name, self.cfg.tracking.alias, version)
-        print(
-            f"[yolo_ray] mlflow: registered models:/{self.model_name}@{self.cfg.tracking.alias} (version {version})",
-            flush=True,
-        )
-        return version
+        return str(info.registered_model_version)
+
+
+def _refused(e: Exception) -> bool:
+    """A request the tracking server (or MLflow's client, checking it first) refused, rather than could not answer:
+    a 4xx status, e.g. an invalid alias."""
+    try:
+        from mlflow.exceptions import MlflowException
+    except ImportError:
+        return False
+    return isinstance(e, MlflowException) and 400 <= e.get_http_status_code() < 500

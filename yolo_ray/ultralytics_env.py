@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -62,6 +63,9 @@ def quiet_progress_bars() -> None:
         tqdm.is_noninteractive_console = lambda: True
 
 
-def setup() -> None:
-    set_offline_env()
+def setup(verbose: bool = True) -> None:
+    """This process's Ultralytics: offline, its own integrations off; verbose false: warnings and errors only (a
+    driver that checks inputs with Ultralytics' functions before the workers start prints nothing of its own)."""
+    if "ultralytics" not in sys.modules:  # VERBOSE is read once, at Ultralytics' first import
+        set_offline_env(verbose=verbose)
     disable_integrations()

@@ -1,91 +1,128 @@
-"""Dataset checks run on the driver before Ray starts: the data.yaml, its image folders, and label class ids."""
+"""The dataset, checked and resolved on the driver before Ray starts.
+
+Ultralytics resolves a data.yaml's paths from the process's working directory (`path: .`, relative lines of a .txt
+image list) and its datasets dir, and silently drops images it cannot use (a warning in one worker's log). A Ray
+worker runs in Ray's session directory, so the driver resolves every path once, as Ultralytics would from the
+user's directory (with Ultralytics' own functions), and hands the workers a data.yaml of absolute paths (write()).
+Every image and label is checked here with Ultralytics' rules, without modifying anything: a class id that is not
+an integer in 0..nc-1 or a label file that is not text is an error naming the file and line; images Ultralytics
+would drop are counted and named, and above data.max_bad_fraction the run is refused.
+"""
 
 from __future__ import annotations
 
+import glob
+import math
+import os
+import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.data import synth
 
-IMAGE_SUFFIXES = {".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm", ".heic"}
+SPLITS = ("train", "val")
+SHOWN_BAD = 5  # unusable files named in a message
 
 
-def prepare(cfg: ExperimentConfig) -> Path:
-    """The data.yaml to train on: generated for `synthetic`, else checked. Raises ConfigError on bad data."""
+@dataclass
+class Split:
+    """One split as checked: its images (absolute, Ultralytics' order), and what of them is usable."""
+
+    images: list[str]
+    labelled: int = 0  # images with a non-empty label file
+    boxes: int = 0
+    unusable: list[tuple[str, str]] = field(default_factory=list)  # (image, why Ultralytics would drop it)
+
+
+@dataclass
+class Dataset:
+    """A checked dataset: Ultralytics' resolved data dict (absolute paths), and each split's images."""
+
+    source: Path  # the data.yaml as given (or generated)
+    data: dict[str, Any]
+    splits: dict[str, Split]
+
+    @property
+    def names(self) -> dict[int, str]:
+        return self.data["names"]
+
+    def digest(self) -> str:
+        """Ultralytics' own dataset hash (paths and sizes of images and labels): what its label cache is keyed by."""
+        from ultralytics.data.utils import get_hash, img2label_paths
+
+        files = [f for s in self.splits.values() for f in s.images]
+        return get_hash(img2label_paths(files) + files)
+
+    def describe(self) -> str:
+        """What `yolo-ray check` says of it: per split, images, labelled images, boxes and unusable images."""
+        lines = [f"data: {self.source} ({len(self.names)} classes)"]
+        for name, s in self.splits.items():
+            lines.append(
+                f"  {name}: {len(s.images)} images, {s.labelled} with boxes ({s.boxes} boxes), {len(s.unusable)} "
+                "unusable" + "".join(f"\n    {f}: {why}" for f, why in s.unusable)
+            )
+        return "\n".join(lines)
+
+    def write(self, out_dir: Path) -> Path:
+        """out_dir/data.yaml for the workers: every split as one absolute folder or an absolute image list."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        data = {k: v for k, v in self.data.items() if k not in ("yaml_file", "path") and not isinstance(v, Path)}
+        data["path"] = str(self.data["path"])
+        for name in SPLITS:
+            entry = self.data[name]
+            if isinstance(entry, str) and Path(entry).is_dir():
+                data[name] = entry  # a folder Ultralytics lists itself: already absolute
+            else:  # a .txt list or several entries: one list of absolute image paths
+                listed = out_dir / f"data-{name}.txt"
+                listed.write_text("\n".join(self.splits[name].images) + "\n")
+                data[name] = str(listed)
+        out = out_dir / "data.yaml"
+        out.write_text(yaml.safe_dump(data, sort_keys=False))
+        return out
+
+
+def prepare(cfg: ExperimentConfig) -> Dataset:
+    """The dataset to train on: generated for `synthetic`, else the data.yaml given; checked either way."""
     if cfg.data.path == "synthetic":
         s = cfg.data.synthetic
         spec = synth.SynthSpec(images=s.images, imgsz=s.imgsz, classes=s.classes, seed=s.seed, style=s.style)
-        return synth.ensure(cfg.data.dir, spec)
-    data_yaml = Path(cfg.data.path).expanduser().resolve()
-    check(data_yaml, cfg.source)
-    return data_yaml
+        return check(synth.ensure(cfg.data.dir, spec), cfg)
+    return check(Path(cfg.data.path).expanduser(), cfg)
 
 
-def _names(data: dict) -> dict[int, str] | None:
-    names = data.get("names")
-    if isinstance(names, list):
-        return dict(enumerate(names))
-    if isinstance(names, dict):
-        return {int(k): str(v) for k, v in names.items()}
-    if isinstance(data.get("nc"), int):
-        return {i: str(i) for i in range(data["nc"])}
-    return None
+def check(data_yaml: Path, cfg: ExperimentConfig) -> Dataset:
+    source, key = cfg.source, f"data.path ({data_yaml})"
+    _load_yaml(data_yaml, source)
+    data = _resolved(data_yaml, source, key)
+    splits = {name: Split(_images(data[name], source, key, name)) for name in SPLITS}
+    for name, split in splits.items():
+        _scan(split, len(data["names"]), source, key)
+        _refuse_unusable(split, name, cfg, key)
+    if not splits["val"].labelled:
+        raise ConfigError(
+            source,
+            key,
+            f"none of its {len(splits['val'].images)} val images has a label: mAP cannot be measured.",
+            "put YOLO label files under the val split's labels/ folder, or point `val:` at a labelled split.",
+        )
+    return Dataset(data_yaml.resolve(), data, splits)
 
 
-def dataset_root(data_yaml: Path, data: dict) -> Path:
-    """Where a data.yaml's splits live: its `path:` (relative to the file), else the file's own folder."""
-    root = Path(data.get("path") or data_yaml.parent)
-    return root if root.is_absolute() else (data_yaml.parent / root).resolve()
+def split_images(data_yaml: Path, split: str) -> list[Path]:
+    """One split's images as the checks (and Ultralytics) find them; for tools that read a checked dataset."""
+    key = f"data.path ({data_yaml})"
+    return [Path(f) for f in _images(_resolved(data_yaml, str(data_yaml), key)[split], str(data_yaml), key, split)]
 
 
-def image_files(entry: str | list, root: Path) -> tuple[list[Path], list[Path]]:
-    """(images, missing locations) for a split entry: a folder, a .txt list, or a list of those."""
-    images: list[Path] = []
-    missing: list[Path] = []
-    for item in entry if isinstance(entry, list) else [entry]:
-        p = Path(item)
-        p = p if p.is_absolute() else root / p
-        if p.is_dir():
-            images += [f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES]
-        elif p.is_file() and p.suffix == ".txt":
-            for line in p.read_text().splitlines():
-                if line.strip():
-                    f = Path(line.strip())
-                    images.append(f if f.is_absolute() else p.parent / f)
-        else:
-            missing.append(p)
-    return images, missing
-
-
-def label_file(image: Path) -> Path:
-    parts = list(image.parts)
-    for i in range(len(parts) - 1, -1, -1):  # Ultralytics' rule: the last /images/ becomes /labels/
-        if parts[i] == "images":
-            parts[i] = "labels"
-            break
-    return Path(*parts).with_suffix(".txt")
-
-
-def _bad_class(label: Path, nc: int) -> tuple[Path, int, int] | None:
-    """(file, line number, class id) of the first class id outside 0..nc-1, if any."""
-    if not label.is_file():
-        return None  # an image without labels is a background image
-    for n, line in enumerate(label.read_text().splitlines(), 1):
-        fields = line.split()
-        if fields:
-            try:
-                cls = int(float(fields[0]))
-            except ValueError:
-                return label, n, -1
-            if not 0 <= cls < nc:
-                return label, n, cls
-    return None
-
-
-def check(data_yaml: Path, source: str) -> None:
+def _load_yaml(data_yaml: Path, source: str) -> dict[str, Any]:
+    """Errors a user can fix in the file itself, named before Ultralytics reads it."""
+    if data_yaml.is_dir():
+        raise ConfigError(source, "data.path", f"{data_yaml} is a directory.", "point data.path at its data.yaml.")
     if not data_yaml.is_file():
         raise ConfigError(
             source,
@@ -93,35 +130,181 @@ def check(data_yaml: Path, source: str) -> None:
             f"dataset file {data_yaml} does not exist.",
             "point data.path at a YOLO data.yaml, or set data.path: synthetic to generate one.",
         )
-    data = yaml.safe_load(data_yaml.read_text()) or {}
     key = f"data.path ({data_yaml})"
-    names = _names(data)
-    if not names:
-        raise ConfigError(source, key, "has no class `names` (or `nc`).", "add `names: {0: cat, 1: dog}` to it.")
-    root = dataset_root(data_yaml, data)
-    for split in ("train", "val"):
-        if split not in data:
+    try:
+        data = yaml.safe_load(data_yaml.read_text(encoding="utf-8-sig"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(source, key, f"is not valid YAML ({' '.join(str(e).split())}).", "fix its syntax.") from None
+    if not isinstance(data, dict):
+        what = f"holds a {type(data).__name__}, not a mapping."
+        raise ConfigError(source, key, what, "write it as `train:`, `val:` and `names:` keys.")
+    for split in SPLITS:
+        if not data.get(split) and not (split == "val" and data.get("validation")):
             raise ConfigError(source, key, f"has no `{split}:` entry.", f"add `{split}: images/{split}` to it.")
-        images, missing = image_files(data[split], root)
-        if missing:
-            raise ConfigError(
-                source,
-                key,
-                f"its {split} images are missing: {', '.join(map(str, missing))}.",
-                f"fix `{split}:` (relative to `path: {root}`) or put the images there.",
-            )
-        if not images:
-            raise ConfigError(
-                source, key, f"its {split} folder holds no images.", f"put images (.jpg/.png) under {data[split]}."
-            )
-        with ThreadPoolExecutor(16) as pool:
-            for bad in pool.map(lambda im: _bad_class(label_file(im), len(names)), images):
-                if bad:
-                    f, line, cls = bad
-                    raise ConfigError(
-                        source,
-                        key,
-                        f"label {f} line {line} has class id {cls}, but the dataset "
-                        f"has nc={len(names)} classes (ids 0..{len(names) - 1}).",
-                        "fix the label file or add the missing class to `names`.",
-                    )
+    return data
+
+
+def _resolved(data_yaml: Path, source: str, key: str) -> dict[str, Any]:
+    """Ultralytics' check_det_dataset from the driver's working directory: names and nc checked, paths absolute."""
+    from ultralytics.data.utils import check_det_dataset
+
+    try:
+        data = check_det_dataset(str(data_yaml), autodownload=False)
+    except FileNotFoundError as e:
+        missing = re.search(r"missing path '([^']+)'", str(e))
+        where = missing.group(1) if missing else str(e).splitlines()[0]
+        raise ConfigError(
+            source, key, f"its val images are missing: {where} does not exist.", "fix `val:` or put the images there."
+        ) from None
+    except (SyntaxError, TypeError, ValueError, KeyError) as e:
+        problem = " ".join(str(e).replace("❌", "").split())
+        raise ConfigError(source, key, f"Ultralytics rejects it: {problem}", "fix the data.yaml as it says.") from None
+    data["path"] = Path(data["path"]).resolve()  # `path: .` is the driver's working directory, made absolute
+    return data
+
+
+def _images(entry: str | list[str], source: str, key: str, split: str) -> list[str]:
+    """A split's images as Ultralytics lists them (a folder searched recursively, symlinks followed; a .txt list
+    whose `./` lines are relative to the list), every path made absolute from the driver's working directory."""
+    from ultralytics.data.utils import IMG_FORMATS
+
+    found: list[str] = []
+    for item in entry if isinstance(entry, list) else [entry]:
+        p = Path(item)
+        if p.is_dir():
+            found += glob.glob(str(Path(glob.escape(str(p))) / "**" / "*.*"), recursive=True)
+        elif p.is_file():
+            found += [_listed(line, p) for line in _text(p, source, key).splitlines() if line.strip()]
+        else:
+            what = f"its {split} images are missing: {p} does not exist."
+            raise ConfigError(source, key, what, f"fix `{split}:` or put the images there.")
+    images = sorted(str(Path(f).resolve()) for f in found if f.rpartition(".")[-1].lower() in IMG_FORMATS)
+    if not images:
+        raise ConfigError(
+            source,
+            key,
+            f"its {split} split ({entry}) holds no images.",
+            f"put images ({', '.join(sorted(IMG_FORMATS)[:6])}, ...) there or fix `{split}:`.",
+        )
+    return images
+
+
+def _listed(line: str, list_file: Path) -> str:
+    line = line.strip()
+    return str(list_file.parent / line[2:]) if line.startswith("./") else line  # else: the working directory's
+
+
+def _text(path: Path, source: str, key: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise ConfigError(
+            source, key, f"{path} is not UTF-8 text.", "save it as UTF-8 (labels and image lists are text files)."
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------- images and labels
+
+
+def _scan(split: Split, nc: int, source: str, key: str) -> None:
+    """Every image and label of a split, in threads (reading and decoding headers release the GIL)."""
+    from ultralytics.data.utils import img2label_paths
+
+    labels = img2label_paths(split.images)
+    with ThreadPoolExecutor(min(32, (os.cpu_count() or 1) * 4)) as pool:
+        pairs = zip(split.images, labels, strict=True)
+        results = list(pool.map(lambda pair: _check_pair(*pair, nc, source, key), pairs))
+    for image, (boxes, why) in zip(split.images, results, strict=True):
+        if why:
+            split.unusable.append((image, why))
+        elif boxes:
+            split.labelled += 1
+            split.boxes += boxes
+
+
+def _check_pair(image: str, label: str, nc: int, source: str, key: str) -> tuple[int, str | None]:
+    """(boxes, None) for a usable image; (0, why) for one Ultralytics would drop. A class id that is not an integer
+    in 0..nc-1, and a label file that is not text, raise ConfigError naming the file and line."""
+    why = _image_problem(image)
+    boxes, label_why = _label_rows(Path(label), nc, source, key)
+    return (0, why) if why else (0, label_why) if label_why else (boxes, None)
+
+
+def _image_problem(image: str) -> str | None:
+    """Ultralytics' check_image verdict, read-only (it rewrites a JPEG that lacks its end marker, and trains it)."""
+    from PIL import Image, UnidentifiedImageError
+    from ultralytics.data.utils import IMG_FORMATS
+
+    try:
+        with Image.open(image) as im:
+            im.verify()
+            w, h = im.size
+            fmt = (im.format or "").lower()
+    except (UnidentifiedImageError, ImportError):  # Ultralytics' patched open tries HEIF (pi_heif) last
+        return "unreadable image (no image format PIL knows)"
+    except Exception as e:  # truncated, zero bytes, bad header: PIL's many ways of saying so
+        return f"unreadable image ({' '.join(str(e).split()) or type(e).__name__})"
+    if w < 10 or h < 10:
+        return f"image {w}x{h} px is under Ultralytics' 10 px minimum"
+    if fmt not in IMG_FORMATS | {"jpeg2000"}:
+        return f"image format {fmt or 'unknown'} is not one Ultralytics reads"
+    return None
+
+
+def _label_rows(label: Path, nc: int, source: str, key: str) -> tuple[int, str | None]:
+    """(boxes, why the label would be dropped) by Ultralytics' verify_image_label rules for detection."""
+    if not label.is_file():
+        return 0, None  # no label file: a background image
+    rows = [(n, line.split()) for n, line in enumerate(_text(label, source, key).splitlines(), 1) if line.strip()]
+    for n, fields in rows:
+        _check_class(fields[0], nc, label, n, source, key)
+    segments = any(len(f) > 6 for _, f in rows)
+    for n, fields in rows:
+        if segments and len(fields) == 5:
+            return 0, f"{label.name} line {n}: a box row among polygon rows"
+        if not segments and len(fields) != 5:
+            return 0, f"{label.name} line {n}: {len(fields)} columns, a box needs 5 (class x y w h)"
+        try:
+            coords = [float(v) for v in fields[1:]]
+        except ValueError:
+            return 0, f"{label.name} line {n}: coordinates that are not numbers"
+        if max(coords) > 1.01:
+            return 0, f"{label.name} line {n}: coordinates above 1 (YOLO labels are normalised to 0..1)"
+        if min(coords) < -0.01 or (not segments and min(coords[2:4]) < 0):
+            return 0, f"{label.name} line {n}: negative coordinates"
+    return len(rows), None
+
+
+def _check_class(text: str, nc: int, label: Path, line: int, source: str, key: str) -> None:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    integral = math.isfinite(value) and value == int(value)
+    if not integral or not 0 <= value < nc:
+        what = f"class id {int(value)}" if integral else f"{text!r} is not a class id (an integer)"
+        raise ConfigError(
+            source,
+            key,
+            f"label {label} line {line}: {what}; the dataset has nc={nc} classes (ids 0..{nc - 1}).",
+            "make the first column an integer class id in that range, or add the class to `names`.",
+        )
+
+
+def _refuse_unusable(split: Split, name: str, cfg: ExperimentConfig, key: str) -> None:
+    """Say what Ultralytics would drop; refuse the run when it is more than data.max_bad_fraction of the split."""
+    bad = split.unusable
+    if not bad:
+        return
+    share, limit = len(bad) / len(split.images), cfg.data.max_bad_fraction
+    shown = "; ".join(f"{Path(f).name}: {why}" for f, why in bad[:SHOWN_BAD])
+    shown += "; ..." if len(bad) > SHOWN_BAD else ""
+    what = f"{len(bad)} of {len(split.images)} {name} images ({share:.1%}) are unusable: {shown}"
+    if share > limit:
+        raise ConfigError(
+            cfg.source,
+            key,
+            f"{what}. That is more than data.max_bad_fraction={limit:g}.",
+            "repair or remove those files (`yolo-ray check` lists them), or raise data.max_bad_fraction.",
+        )
+    print(f"[yolo_ray] data: {what}. Ultralytics skips them (data.max_bad_fraction={limit:g}).", flush=True)
