@@ -4,6 +4,7 @@ node restarting the worker group mid-run: tests/test_ray_cluster.py.)"""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from conftest import (
     RERUN_EPOCHS,
     RERUN_FAILS_AFTER,
     STAGING_PREFIX,
+    MlflowServer,
     Rerun,
     check_resumed,
     kill_tree,
@@ -22,6 +24,7 @@ from conftest import (
     small_run,
     yolo_ray,
 )
+from mlflow import MlflowClient
 
 from yolo_ray.faults import FaultPlan, InjectedFault
 
@@ -89,3 +92,63 @@ def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> N
     # Resumed from the newest checkpoint on storage: no epoch trained (or reported) twice.
     assert [h["epoch"] for h in history_rows] == list(range(1, EPOCHS + 1))
     assert json.loads((tmp_path / "killed" / "summary.json").read_text())["epochs_completed"] == EPOCHS
+
+
+def test_killed_after_its_last_checkpoint_a_run_is_finished_once(
+    shapes_small: Path, tmp_path: Path, mlflow_server: MlflowServer
+) -> None:
+    """A driver killed after the last epoch's checkpoint, before the end of the run (final evaluation, summary,
+    export, registration): every re-run failed ("training to 3 epochs is finished, nothing to resume"). Now the
+    re-run does what was left, once: of two re-runs started together, one finishes the run and the other waits on
+    the run lock, then finds it finished and leaves it as it is."""
+    args = small_run(
+        shapes_small,
+        tmp_path,
+        "ended",
+        "train.epochs=3",
+        "tracking.enabled=true",
+        f"tracking.uri={mlflow_server.uri}",
+        "tracking.model_name=ended-detector",
+    )
+    run_dir = tmp_path / "ended"
+    history = run_dir / "history.jsonl"
+    with open(tmp_path / "first.log", "w") as log:
+        cmd = [sys.executable, "-m", "yolo_ray", "train", *args]
+        driver = subprocess.Popen(
+            cmd, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.time() + 600
+        while time.time() < deadline and driver.poll() is None:
+            if history.exists() and len(read_jsonl(history)) >= 3:
+                break
+            time.sleep(0.2)
+        assert driver.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        kill_tree(driver.pid)
+        driver.wait()
+    for leftover in ("summary.json", "final_metrics.json"):  # whatever of the end the kill let through
+        (run_dir / leftover).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "export", ignore_errors=True)
+    logs = [open(tmp_path / f"rerun{i}.log", "w") for i in (1, 2)]
+    env = {**ENV, "YOLO_RAY_LOCK_WAIT_S": "300"}  # the waiter outwaits the finisher on this 2-core machine
+    reruns = [
+        subprocess.Popen(
+            [sys.executable, "-m", "yolo_ray", "train", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        for f in logs
+    ]
+    codes = [p.wait(600) for p in reruns]
+    outputs = [(tmp_path / f"rerun{i}.log").read_text() for i in (1, 2)]
+    assert codes == [0, 0], outputs
+    finisher, waiter = sorted(outputs, key=lambda o: "already finished" in o)
+    assert "every epoch is trained" in finisher and "already finished" in waiter, outputs
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["epochs_completed"] == 3
+    assert 0 <= summary["final"]["mAP50-95"] <= 1 and (run_dir / "export" / "model.onnx").is_file()
+    assert [h["epoch"] for h in read_jsonl(history)] == [1, 2, 3]  # nothing trained again
+    client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
+    versions = client.search_model_versions("name = 'ended-detector'")
+    assert len(versions) == 1 and client.get_run(versions[0].run_id).info.status == "FINISHED"

@@ -14,7 +14,9 @@ from pathlib import Path
 from yolo_ray.config import ConfigError
 
 LOCK_FILE = ".driver.lock"
-WAIT_S = 30.0  # a killed sweep's trial actors die shortly after their driver: the resumed trial waits them out
+# A killed sweep's trial actors die shortly after their driver: the resumed trial waits them out; and a driver
+# started while another finishes the run waits to find it finished. YOLO_RAY_LOCK_WAIT_S sets it.
+WAIT_S = float(os.environ.get("YOLO_RAY_LOCK_WAIT_S", "30"))
 
 
 @contextlib.contextmanager

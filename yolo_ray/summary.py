@@ -17,6 +17,13 @@ def append_history(run_dir: Path, metrics: dict[str, Any]) -> None:
         f.write(json.dumps({"time": time.time(), **metrics}) + "\n")
 
 
+def write_history(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace history.jsonl with these rows, atomically (a reader sees the old file or the new one)."""
+    tmp = run_dir / (HISTORY + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(run_dir / HISTORY)
+
+
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
     return read_jsonl(run_dir / HISTORY)
 

@@ -272,6 +272,7 @@ class Tracker:
         self.cfg, self.run_dir, self.uri, self.parent_run_id = cfg, run_dir, uri, parent_run_id
         if not cfg.run.verbose:  # MLflow's INFO lines (database set-up, ...) stay out of the user's terminal
             logging.getLogger("mlflow").setLevel(logging.WARNING)
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # its "View run" on each end
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         self.state_file = run_dir / STATE
         self.state: dict[str, Any] = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
@@ -519,7 +520,7 @@ class Tracker:
         output = session.run(None, {session.get_inputs()[0].name: example})[0]
         mlflow.set_tracking_uri(self.uri)
         mlflow.set_registry_uri(self.uri)
-        with mlflow.start_run(run_id=run_id), _quiet(self.cfg.run.verbose):
+        with _quiet(self.cfg.run.verbose), mlflow.start_run(run_id=run_id):  # quiet: its closing "View run" too
             info = mlflow.onnx.log_model(
                 onnx.load(str(onnx_path)),
                 name=self.cfg.run.name,

@@ -6,6 +6,7 @@ process group; this function imports Ultralytics only now, so Ultralytics sees t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent import futures
 from contextlib import ExitStack
 from pathlib import Path
@@ -25,9 +27,9 @@ import torch.distributed as dist
 from yolo_ray import faults, user_callbacks
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
-from yolo_ray.metrics import epoch_metrics, final_metrics
+from yolo_ray.metrics import clean, epoch_metrics, final_metrics
 from yolo_ray.progress import ProgressWriter
-from yolo_ray.summary import append_history, read_history
+from yolo_ray.summary import append_history, read_history, write_history
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -59,11 +61,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if rank == 0:
             remove_stale_staging(run_dir / "train" / "weights")
         ckpt_dir, resumed_from = _broadcast(resume_point(run_dir, stack))
+        if ckpt_dir is not None and rank == 0:
+            reconcile_history(run_dir, Path(ckpt_dir))
+        if resumed_from is not None and resumed_from >= overrides["epochs"]:
+            # every epoch trained and saved, but the run stopped before its end (a driver killed after the last
+            # checkpoint): Ultralytics refuses to resume a finished schedule, so do what is left of it
+            finish_trained_run(config, run_dir, overrides, resumed_from, rank)
+            return
         if ckpt_dir is not None:
             overrides["resume"] = str(Path(ckpt_dir) / "last.pt")
             if rank == 0:
                 say(f"[yolo_ray] resuming from the epoch-{resumed_from} checkpoint {ckpt_dir}")
-                reconcile_history(run_dir, Path(ckpt_dir))
 
         trainer = RayDetectionTrainer(
             overrides,
@@ -94,17 +102,66 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if rank == 0:
             (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics(trainer), indent=2))
             if config.get("export") and trainer.best.exists():
-                export_best(trainer, run_dir)
+                val_images = trainer.validator.dataloader.dataset.im_files
+                export_best(trainer.best, val_images, trainer.args.imgsz, run_dir)
 
 
-def export_best(trainer: Any, run_dir: Path) -> None:
-    """Rank 0: best.pt (plain EMA weights, never the DDP wrapper) -> export/model.onnx, checked on val images."""
+def export_best(best: Path, val_images: list[str], imgsz: int, run_dir: Path) -> None:
+    """Rank 0: best.pt (plain EMA weights, never the DDP wrapper) -> export/model.onnx, checked on 4 val images."""
     from yolo_ray.export import export_and_check
 
-    val_images = sorted(trainer.validator.dataloader.dataset.im_files)[:4]
     out = run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
-    export_and_check(trainer.best, [Path(p) for p in val_images], trainer.args.imgsz, out)  # the driver reports it
+    export_and_check(best, [Path(p) for p in sorted(val_images)[:4]], imgsz, out)  # the driver reports it
+
+
+def finish_trained_run(
+    config: dict[str, Any], run_dir: Path, overrides: dict[str, Any], epochs: int, rank: int
+) -> None:
+    """For a run whose every epoch is saved: what Ultralytics' final_eval and yolo_ray's end of training do (validate
+    best.pt, final_metrics.json, the export). Every rank validates the whole val split alone, as the CPU final_eval
+    does: Ultralytics' dataset set-up holds a barrier for all ranks; rank 0 writes the results."""
+    from ultralytics import YOLO
+
+    weights = run_dir / "train" / "weights"
+    best = weights / "best.pt" if (weights / "best.pt").exists() else weights / "last.pt"
+    if rank == 0:
+        say(f"[yolo_ray] every epoch is trained (epoch-{epochs} checkpoint): validating {best.name} and finishing")
+    with undistributed_validation():
+        metrics = YOLO(str(best)).val(
+            data=overrides["data"],
+            imgsz=overrides["imgsz"],
+            batch=overrides["batch"],
+            device=overrides["device"],
+            plots=overrides.get("plots", True) and rank == 0,
+            project=str(run_dir / "train"),
+            name=f"final_val{'' if rank == 0 else rank}",
+            exist_ok=True,
+        )
+    if rank != 0:
+        return
+    names = {int(k): str(v) for k, v in metrics.names.items()}
+    final = {"epochs_completed": epochs, **clean(metrics.results_dict), "names": names}
+    (run_dir / "final_metrics.json").write_text(json.dumps(final, indent=2))
+    if config.get("export"):
+        from yolo_ray.data.checks import split_images
+
+        export_best(best, [str(p) for p in split_images(Path(overrides["data"]), "val")], overrides["imgsz"], run_dir)
+
+
+@contextlib.contextmanager
+def undistributed_validation() -> Iterator[None]:
+    """Ultralytics' validator on one rank of a process group: its RANK says 'not distributed' (the other ranks
+    take no part, so no collective may run)."""
+    import ultralytics.engine.validator as base_val
+    import ultralytics.models.yolo.detect.val as detect_val
+
+    saved = base_val.RANK, detect_val.RANK
+    base_val.RANK = detect_val.RANK = -1
+    try:
+        yield
+    finally:
+        base_val.RANK, detect_val.RANK = saved
 
 
 def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | None]:
@@ -128,12 +185,16 @@ def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | Non
 
 
 def reconcile_history(run_dir: Path, ckpt_dir: Path) -> None:
-    """history.jsonl as of the checkpoint resumed from: a process killed between persisting epoch k's checkpoint
-    and appending its line left the line out; the checkpoint carries it."""
+    """history.jsonl as of the checkpoint resumed from, written back: a process killed between persisting epoch
+    k's checkpoint and appending its line left the line out (the checkpoint carries it); lines of epochs after the
+    checkpoint (trained again now) are dropped, so every epoch has one line."""
     meta = json.loads((ckpt_dir / "meta.json").read_text())
-    rows = [r for r in read_history(run_dir) if r["epoch"] <= meta["epoch"]]
-    if not any(r["epoch"] == meta["epoch"] for r in rows) and "metrics" in meta:
-        append_history(run_dir, meta["metrics"])
+    rows = read_history(run_dir)
+    kept = [r for r in rows if r["epoch"] <= meta["epoch"]]
+    if not any(r["epoch"] == meta["epoch"] for r in kept) and "metrics" in meta:
+        kept.append({"time": time.time(), **meta["metrics"]})
+    if kept != rows:
+        write_history(run_dir, kept)
 
 
 class EpochReporter:
