@@ -4,7 +4,9 @@ node restarting the worker group mid-run: tests/test_ray_cluster.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -140,7 +142,12 @@ def test_killed_after_its_last_checkpoint_a_run_is_finished_once(
         )  # fmt: skip
         for f in logs
     ]
-    codes = [p.wait(600) for p in reruns]
+    try:
+        codes = [p.wait(600) for p in reruns]
+    finally:  # a hung re-run must not outlive the test with its Ray
+        for p in reruns:
+            if p.poll() is None:
+                kill_tree(p.pid)
     outputs = [(tmp_path / f"rerun{i}.log").read_text() for i in (1, 2)]
     assert codes == [0, 0], outputs
     finisher, waiter = sorted(outputs, key=lambda o: "already finished" in o)
@@ -152,3 +159,36 @@ def test_killed_after_its_last_checkpoint_a_run_is_finished_once(
     client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
     versions = client.search_model_versions("name = 'ended-detector'")
     assert len(versions) == 1 and client.get_run(versions[0].run_id).info.status == "FINISHED"
+
+
+def test_a_killed_driver_leaves_no_ray_behind(shapes_small: Path, tmp_path: Path) -> None:
+    """`kill -9` of a driver (only the driver, as a user or an OOM killer does): its private local Ray goes with it,
+    the dashboard and runtime-env agents too (they outlived Ray's own reaper by minutes, ignoring SIGTERM)."""
+    import psutil
+
+    args = small_run(shapes_small, tmp_path, "orphans", "train.epochs=30")
+    history = tmp_path / "orphans" / "history.jsonl"
+    with open(tmp_path / "driver.log", "w") as log:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "yolo_ray", "train", *args], cwd=tmp_path, env=ENV, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.time() + 600
+            while time.time() < deadline and driver.poll() is None and not history.exists():
+                time.sleep(0.5)
+            ray_processes = psutil.Process(driver.pid).children(recursive=True)
+            names = {p.pid: p.name() for p in ray_processes}
+            assert driver.poll() is None and any("raylet" in n for n in names.values()), names
+            os.kill(driver.pid, signal.SIGKILL)
+            driver.wait()
+        finally:
+            if driver.poll() is None:
+                kill_tree(driver.pid)
+    left = ray_processes
+    for _ in range(60):  # Ray's reaper, then yolo_ray's after its grace
+        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, [names[p.pid] for p in left]

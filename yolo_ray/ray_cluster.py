@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import ray
 
-from yolo_ray import console
+from yolo_ray import console, reaper
 from yolo_ray.config import ConfigError, ExperimentConfig, check_batch_divides, check_gpu_only
 
 
@@ -45,6 +45,7 @@ def connect(address: str | None, verbose: bool = False) -> str:
     else:
         with _private_address():
             ray.init(address="local", include_dashboard=None, dashboard_host="127.0.0.1", logging_level=level)
+        reaper.start(os.getpid())  # a killed driver's agents go too
         where = "local"
     console.filter_forwarded_logs(verbose)
     return where
