@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import struct
 import subprocess
 import sys
@@ -239,3 +240,25 @@ def run_in_pty(args: list[str], cwd: Path, timeout: float = 600) -> tuple[int, s
         out += data
     os.close(master)
     return proc.wait(60), out.decode(errors="replace")
+
+
+def test_a_dataset_with_relative_paths_trains(shapes_small: Path, tmp_path: Path) -> None:
+    """A data.yaml with `path: .`, a train list of lines relative to the working directory and a symlinked nested
+    val folder passed `yolo-ray check` and failed in the workers (which run in Ray's session directory): the driver
+    resolves them as Ultralytics would from the user's directory, and the run trains."""
+    root = tmp_path / "project"
+    shutil.copytree(shapes_small / "train", root / "data" / "train")
+    (root / "val" / "images").mkdir(parents=True)
+    (root / "val" / "labels").mkdir()
+    for kind in ("images", "labels"):
+        (root / "val" / kind / "nested").symlink_to(shapes_small / "val" / kind, target_is_directory=True)
+    images = sorted((root / "data" / "train" / "images").glob("*.jpg"))
+    (root / "train.txt").write_text("".join(f"data/train/images/{p.name}\n" for p in images))
+    (root / "data.yaml").write_text("path: .\ntrain: train.txt\nval: val/images\nnames: [circle, square, triangle]\n")
+    args = small_run(shapes_small, tmp_path, "relative", "train.epochs=1")
+    args = [a for a in args if not a.startswith("data.")] + ["data.path=data.yaml"]
+    proc = yolo_ray("train", *args, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert [h["epoch"] for h in read_jsonl(tmp_path / "relative" / "history.jsonl")] == [1]
+    ranks = _ranks(tmp_path / "relative")
+    assert sorted(i for r in ranks for i in r["shard_indices_epoch0"]) == list(range(len(images)))

@@ -4,6 +4,7 @@ that loads and predicts. Against a real `mlflow server` on loopback, stopped and
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from conftest import (
 )
 from mlflow import MlflowClient
 
+from yolo_ray import config, tracking
 from yolo_ray.export import ONNX_RTOL, letterbox_batch
 
 
@@ -293,3 +295,26 @@ def test_export_cli_from_registry_and_run(ddp_run: Path, mlflow_server: MlflowSe
     assert Path(paths["onnx"]).is_file() and Path(paths["torchscript"]).is_file()
     proc = yolo_ray("export", str(ddp_run), "formats=onnx", f"out={tmp_path / 'b'}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def test_a_refused_registration_is_not_retried_and_adds_no_version(
+    ddp_run: Path, mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    """An alias the registry refuses (MLflow reserves `v1`; `check` now refuses it before training, so it is set
+    here as a config from before that check would have it) is the server saying no, not an outage: it was retried
+    for tracking.outage_grace_s, registering a new version each time. Now the run stays pending for `yolo-ray sync`
+    at once, and a sync with a valid alias gives the run's one version its alias without adding one."""
+    copy = tmp_path / "learn"
+    shutil.copytree(ddp_run, copy)
+    state = json.loads((copy / "mlflow.json").read_text())
+    state.pop("registered", None)  # as if the end of the run had stopped before the alias
+    (copy / "mlflow.json").write_text(json.dumps(state))
+    client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
+    before = sorted(v.version for v in client.search_model_versions(f"name = '{MODEL_NAME}'"))
+    cfg = config.load(copy / "config.yaml")
+    started = time.time()
+    out = tracking.Tracker(config.apply(cfg, {"tracking.alias": "v1"}), copy, mlflow_server.uri).finish("finished")
+    assert out.get("pending") and "v1" in out["error"] and time.time() - started < 30, out
+    again = tracking.Tracker(cfg, copy, mlflow_server.uri).finish("finished")
+    assert again["model"]["version"] == state["model_version"] and not again.get("pending"), again
+    assert sorted(v.version for v in client.search_model_versions(f"name = '{MODEL_NAME}'")) == before
