@@ -192,3 +192,18 @@ def test_a_killed_driver_leaves_no_ray_behind(shapes_small: Path, tmp_path: Path
             break
         time.sleep(0.5)
     assert not left, [names[p.pid] for p in left]
+
+
+def test_history_is_written_back_as_of_the_checkpoint_resumed_from(tmp_path: Path) -> None:
+    """A resumed attempt trains again every epoch after its checkpoint: their old lines go, and a line missing for the
+    checkpoint's own epoch (killed between persisting it and writing the line) comes from the checkpoint, so the
+    history ends with every epoch once (it read [1, 2, 3, 3] after a kill at the last epoch)."""
+    from yolo_ray.summary import read_history
+    from yolo_ray.worker import reconcile_history
+
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoint_x"
+    ckpt.mkdir(parents=True)
+    (run_dir / "history.jsonl").write_text("".join(json.dumps({"epoch": e, "mAP50": e / 10}) + "\n" for e in (1, 3)))
+    (ckpt / "meta.json").write_text(json.dumps({"epoch": 2, "metrics": {"epoch": 2, "mAP50": 0.2}}))
+    reconcile_history(run_dir, ckpt)
+    assert [(h["epoch"], h["mAP50"]) for h in read_history(run_dir)] == [(1, 0.1), (2, 0.2)]

@@ -160,6 +160,9 @@ def test_bad_datasets(case: str, base: Path, tmp_path: Path, capsys: pytest.Capt
 def test_a_directory_is_called_a_directory(base: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     for text in both(capsys, tmp_path, f"data.path={base}"):
         assert f"{base} is a directory" in text
+    for command in ("check", "train"):  # the experiment file itself
+        code, text = run(capsys, command, str(tmp_path))
+        assert code == 2 and f"{tmp_path}: <file>: is a directory" in text, text
 
 
 def _mess(root: Path) -> list[str]:

@@ -22,7 +22,8 @@ LOSSES = ("train/box_loss", "train/cls_loss", "train/dfl_loss")
 def parity(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     work = tmp_path_factory.mktemp("parity")
     out = work / "parity.json"
-    proc = yolo_ray("bench", "--parity", "--cpu", "--out", str(out), cwd=work, env=ENV, timeout=900)
+    # two runs at once: the harness's concurrency, and two private local Rays side by side on one host
+    proc = yolo_ray("bench", "--parity", "--cpu", "parallel=2", "--out", str(out), cwd=work, env=ENV, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "parity on real-shaped data" in proc.stdout
     return work, json.loads(out.read_text())
@@ -53,6 +54,20 @@ def test_every_path_and_seed_is_scored_twice(parity: tuple[Path, dict]) -> None:
     for path in ("ultralytics", "device"):
         assert rows[path]["seeds"] == [0, 1] and set(rows[path]["mAP50-95"]) == {"mean", "std", "min", "max"}
         assert "vs_native_mAP50-95" in rows[path] and "at_parity" in rows[path]
+
+
+def test_two_private_rays_on_one_host_keep_apart(parity: tuple[Path, dict]) -> None:
+    """Runs that overlapped, each with its own local Ray: Ray Train's placement-group cleaner found both Rays ("Found
+    multiple active Ray instances", a traceback in every run, stopped trials' groups never freed); each private Ray's
+    processes now know its address."""
+    work, report = parity
+    runs = [r for r in report["results"] if r["path"] != "native"]
+    overlapped = [r for r in runs if any(o is not r and o["started"] < r["ended"] and r["started"] < o["ended"]
+                                          for o in runs)]  # fmt: skip
+    assert overlapped, "no two yolo_ray runs overlapped"
+    out_dir = Path(report["settings"]["out_dir"])
+    logs = [((out_dir if out_dir.is_absolute() else work / out_dir) / f"{r['name']}.log").read_text() for r in runs]
+    assert not [log for log in logs if "multiple active Ray instances" in log or "Traceback" in log]
 
 
 def test_one_worker_with_ultralytics_loader_is_native_step_for_step(parity: tuple[Path, dict]) -> None:

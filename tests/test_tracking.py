@@ -88,7 +88,7 @@ def test_one_run_with_params_metrics_and_artifacts(ddp_run: Path, mlflow_server:
         assert name in artifacts, name
 
 
-def test_the_run_page_reads_well(ddp_run: Path, mlflow_server: MlflowServer, tmp_path: Path) -> None:
+def test_the_run_page_reads_well(ddp_run: Path, shapes: Path, mlflow_server: MlflowServer, tmp_path: Path) -> None:
     """What the MLflow UI shows a reader: the final evaluation as run metrics matching the registered version's
     (4-digit) tags, params with resolved values and without sweep or fault-injection keys, who ran it from what, a
     description, and the model as one ONNX file that loads alone when downloaded."""
@@ -105,6 +105,16 @@ def test_the_run_page_reads_well(ddp_run: Path, mlflow_server: MlflowServer, tmp
     assert p["scaling.num_workers"] == "2" and p["tracking.model_name"] == MODEL_NAME
     tags = run.data.tags
     assert tags["mlflow.user"] and "yolo-ray" in tags["mlflow.source.name"]
+    # the dataset, as the run page's Datasets column shows it: one input per split, its digest, its counts
+    inputs = {i.tags[0].value: i.dataset for i in run.inputs.dataset_inputs}
+    assert set(inputs) == {"training", "validation"} and inputs["training"].name == "shapes0"
+    train_images = len(list((shapes / "train" / "images").glob("*.jpg")))
+    assert json.loads(inputs["training"].profile)["images"] == train_images and len(inputs["training"].digest) == 16
+    labels = list((shapes / "val" / "labels").glob("*.txt"))
+    boxes = sum(1 for f in labels for line in f.read_text().splitlines() if line.strip())
+    assert json.loads(inputs["validation"].profile) == {
+        "images": len(labels), "labelled_images": len(labels), "boxes": boxes, "unusable_images": 0, "classes": 3,
+    }  # fmt: skip
     assert "yolo11n.yaml" in tags["mlflow.note.content"] and "Final (best.pt)" in tags["mlflow.note.content"]
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(tmp_path)))
     files = [f for f in local.rglob("*") if f.is_file()]
@@ -257,7 +267,7 @@ def weak_version(rerun_after_failure: Rerun, mlflow_server: MlflowServer) -> str
     client = MlflowClient(mlflow_server.uri, registry_uri=mlflow_server.uri)
     run = _run(client, "rerun")  # the failed attempt and the re-run share one MLflow run
     assert run.info.status == "FINISHED"
-    assert _steps(client, run.info.run_id, "epoch") == list(range(1, RERUN_EPOCHS + 1))
+    assert _steps(client, run.info.run_id, "metrics/mAP50") == list(range(1, RERUN_EPOCHS + 1))
     return json.loads((rerun_after_failure.run_dir / "summary.json").read_text())["mlflow"]["model"]["version"]
 
 

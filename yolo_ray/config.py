@@ -321,6 +321,10 @@ def load(path: str | Path | None, overrides: list[str] | None = None) -> Experim
     if path is not None:
         source = str(path)
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(
+                source, "<file>", "is a directory.", "pass an experiment YAML such as experiments/smoke.yaml."
+            )
         if not p.is_file():
             raise ConfigError(
                 source,

@@ -28,8 +28,7 @@ def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: s
         finished = _finished(cfg, run_dir)  # decided under the lock: a driver that waited sees the first one's end
         if finished is not None:
             return finished
-        data_yaml = checked.dataset.write(run_dir)  # what the workers read: every dataset path absolute
-        return _fit(cfg, checked.model, data_yaml, run_dir, started, callbacks, parent_run_id)
+        return _fit(cfg, checked, run_dir, started, callbacks, parent_run_id)
 
 
 # What a finished run is: a re-run that differs here would not train what it asks for (the rest may change freely:
@@ -116,8 +115,7 @@ def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tupl
 
 def _fit(
     cfg: ExperimentConfig,
-    model: str,
-    data_yaml: Path,
+    checked: inputs.Inputs,
     run_dir: Path,
     started: float,
     callbacks: list | None,
@@ -137,6 +135,7 @@ def _fit(
 
         uri = tracking.tracking_uri(cfg)
         tracking.check(cfg, uri)
+    data_yaml = checked.dataset.write(run_dir)  # what the workers read: every dataset path absolute
     where = ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
     scaling = ray_cluster.resolve(cfg)
     nodes = ray_cluster.node_count()
@@ -145,7 +144,7 @@ def _fit(
     if uri is not None:
         tracking.check_multinode(cfg, uri, nodes)
         tracker = tracking.Tracker(cfg, run_dir, uri, parent_run_id=parent_run_id)
-        tracker.start(scaling, nodes)
+        tracker.start(scaling, nodes, checked.dataset)
         tracker.follow()
     print(
         f"[yolo_ray] ray: {where} | workers: {scaling.num_workers} x "
@@ -157,7 +156,7 @@ def _fit(
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "overrides": inputs.ultralytics_overrides(cfg, model, data_yaml, run_dir / "train"),
+            "overrides": inputs.ultralytics_overrides(cfg, checked.model, data_yaml, run_dir / "train"),
             "run_dir": str(run_dir),
             "sync_bn": cfg.train.sync_bn,
             "loader": cfg.data.loader,

@@ -263,6 +263,33 @@ def mlflow_metrics(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def dataset_inputs(dataset: Any) -> list[Any]:
+    """The run's dataset as MLflow dataset inputs, one per split (the run page's Datasets column): name, Ultralytics'
+    hash of the split's files as digest, where it is, and what the checks counted as its profile."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    out = []
+    for split, context in (("train", "training"), ("val", "validation")):
+        s = dataset.splits[split]
+        profile = {
+            "images": len(s.images),
+            "labelled_images": s.labelled,
+            "boxes": s.boxes,
+            "unusable_images": len(s.unusable),
+            "classes": len(dataset.names),
+        }
+        entity = Dataset(
+            name=dataset.name,
+            digest=dataset.digest(split)[:16],
+            source_type="local",
+            source=json.dumps({"data_yaml": str(dataset.source), "split": split}),
+            profile=json.dumps(profile),
+        )
+        out.append(DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+    return out
+
+
 class Tracker:
     """The driver's MLflow writer for one run directory."""
 
@@ -283,8 +310,8 @@ class Tracker:
 
     # ---------------------------------------------------------------- run lifecycle
 
-    def start(self, scaling: Any, nodes: int) -> str:
-        """Create the MLflow run (or reuse the one this run directory already has)."""
+    def start(self, scaling: Any, nodes: int, dataset: Any = None) -> str:
+        """Create the MLflow run (or reuse the one this run directory already has), with its dataset as inputs."""
         if self.state.get("run_id"):  # a re-run of the same run directory: same MLflow run, running again
             self.client.update_run(self.state["run_id"], status="RUNNING")
             self.state["artifacts_logged"] = False
@@ -315,6 +342,8 @@ class Tracker:
             }
         )
         self._log_params(run.info.run_id, params)
+        if dataset is not None:
+            self.client.log_inputs(run.info.run_id, datasets=dataset_inputs(dataset))
         print(
             f"[yolo_ray] mlflow: run {run.info.run_id} in experiment '{self.cfg.tracking.experiment}' at {self.uri}",
             flush=True,
@@ -382,24 +411,19 @@ class Tracker:
                 return self._finish_once(status)
             except Exception as e:
                 if _refused(e):  # the server answered no (4xx): waiting will not change its answer
-                    self.state["pending"] = True
-                    self._save()
-                    print(
-                        f"[yolo_ray] mlflow: {self.uri} refused a request ({' '.join(str(e).split())}); the run's "
-                        f"results are kept: fix what it names, then run `yolo-ray sync {self.run_dir}`",
-                        flush=True,
-                    )
-                    return {"pending": True, "error": str(e)}
+                    why = f"{self.uri} refused a request ({' '.join(str(e).split())}); the run's results are kept"
+                    return self._pending(e, f"{why}: fix what it names, then run `yolo-ray sync {self.run_dir}`")
                 if time.time() > deadline:
-                    self.state["pending"] = True
-                    self._save()
-                    print(
-                        f"[yolo_ray] mlflow: could not finish logging ({e}); nothing is lost: run "
-                        f"`yolo-ray sync {self.run_dir}` once {self.uri} is back",
-                        flush=True,
-                    )
-                    return {"pending": True, "error": str(e)}
+                    why = f"could not finish logging ({e}); nothing is lost"
+                    return self._pending(e, f"{why}: run `yolo-ray sync {self.run_dir}` once {self.uri} is back")
                 time.sleep(3)
+
+    def _pending(self, error: Exception, message: str) -> dict[str, Any]:
+        """What MLflow has not got yet stays recorded for `yolo-ray sync`."""
+        self.state["pending"] = True
+        self._save()
+        print(f"[yolo_ray] mlflow: {message}", flush=True)
+        return {"pending": True, "error": str(error)}
 
     def _finish_once(self, status: str) -> dict[str, Any]:
         self.sync_metrics()

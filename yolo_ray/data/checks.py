@@ -51,12 +51,18 @@ class Dataset:
     def names(self) -> dict[int, str]:
         return self.data["names"]
 
-    def digest(self) -> str:
-        """Ultralytics' own dataset hash (paths and sizes of images and labels): what its label cache is keyed by."""
+    def digest(self, split: str | None = None) -> str:
+        """Ultralytics' own dataset hash (paths and sizes of images and labels: what its label cache is keyed by),
+        of one split or of all."""
         from ultralytics.data.utils import get_hash, img2label_paths
 
-        files = [f for s in self.splits.values() for f in s.images]
+        files = [f for name, s in self.splits.items() if split in (None, name) for f in s.images]
         return get_hash(img2label_paths(files) + files)
+
+    @property
+    def name(self) -> str:
+        """The dataset's folder name (a generated one: its data.yaml's folder too)."""
+        return Path(self.data["path"]).name or self.source.parent.name
 
     def describe(self) -> str:
         """What `yolo-ray check` says of it: per split, images, labelled images, boxes and unusable images."""
