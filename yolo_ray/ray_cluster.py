@@ -43,6 +43,8 @@ def connect(address: str | None, verbose: bool = False) -> str:
         ray.init(address=address, log_to_driver=True, logging_level=level)
         where = address
     else:
+        if not verbose:  # "token authentication is enabled": Ray's default for a local Ray, said on every start
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         with _private_address():
             ray.init(address="local", include_dashboard=None, dashboard_host="127.0.0.1", logging_level=level)
         reaper.start(os.getpid())  # a killed driver's agents go too
