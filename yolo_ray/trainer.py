@@ -222,21 +222,34 @@ def _cpu_final_val(trainer: RayDetectionTrainer) -> Iterator[None]:
     Ultralytics' distributed standalone validation puts every rank > -1 on CUDA. The val set is small next to
     training, so validating it whole on each CPU rank costs little; only rank 0 writes plots.
     """
-    import ultralytics.engine.validator as base_val
-    import ultralytics.models.yolo.detect.val as detect_val
     from ultralytics.utils import RANK
 
     if trainer.device.type != "cpu":
         yield
         return
-    saved = base_val.RANK, detect_val.RANK, trainer.validator.dataloader, trainer.args.plots
-    base_val.RANK = detect_val.RANK = -1
+    saved = trainer.validator.dataloader, trainer.args.plots
     trainer.validator.dataloader = None  # rebuilt whole, not this rank's shard
     trainer.args.plots = trainer.args.plots and RANK == 0
     try:
+        with undistributed_validation():
+            yield
+    finally:
+        trainer.validator.dataloader, trainer.args.plots = saved
+
+
+@contextlib.contextmanager
+def undistributed_validation() -> Iterator[None]:
+    """Ultralytics' validators on this rank see RANK -1: each rank validates the whole split alone, no collective in
+    the validation itself (its dataset set-up still holds one barrier for all ranks: every rank must validate)."""
+    import ultralytics.engine.validator as base_val
+    import ultralytics.models.yolo.detect.val as detect_val
+
+    saved = base_val.RANK, detect_val.RANK
+    base_val.RANK = detect_val.RANK = -1
+    try:
         yield
     finally:
-        base_val.RANK, detect_val.RANK, trainer.validator.dataloader, trainer.args.plots = saved
+        base_val.RANK, detect_val.RANK = saved
 
 
 GRAPHS_COMPILE_MARK = "yolo_ray.cuda_graphs"  # args.compile while graphs are on

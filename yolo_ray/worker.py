@@ -6,7 +6,6 @@ process group; this function imports Ultralytics only now, so Ultralytics sees t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -14,7 +13,6 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from concurrent import futures
 from contextlib import ExitStack
 from pathlib import Path
@@ -123,6 +121,8 @@ def finish_trained_run(
     does: Ultralytics' dataset set-up holds a barrier for all ranks; rank 0 writes the results."""
     from ultralytics import YOLO
 
+    from yolo_ray.trainer import undistributed_validation
+
     weights = run_dir / "train" / "weights"
     best = weights / "best.pt" if (weights / "best.pt").exists() else weights / "last.pt"
     if rank == 0:
@@ -147,21 +147,6 @@ def finish_trained_run(
         from yolo_ray.data.checks import split_images
 
         export_best(best, [str(p) for p in split_images(Path(overrides["data"]), "val")], overrides["imgsz"], run_dir)
-
-
-@contextlib.contextmanager
-def undistributed_validation() -> Iterator[None]:
-    """Ultralytics' validator on one rank of a process group: its RANK says 'not distributed' (the other ranks
-    take no part, so no collective may run)."""
-    import ultralytics.engine.validator as base_val
-    import ultralytics.models.yolo.detect.val as detect_val
-
-    saved = base_val.RANK, detect_val.RANK
-    base_val.RANK = detect_val.RANK = -1
-    try:
-        yield
-    finally:
-        base_val.RANK, detect_val.RANK = saved
 
 
 def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | None]:
