@@ -307,35 +307,41 @@ def two_node_cluster() -> Iterator[str]:
 
     Yields the GCS address; the Jobs API is at http://HEAD_IP:8265. Nodes and namespace are removed even on failure.
     """
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.fail("the multi-node tests need root and iproute2 (.ci/run installs iproute2)")
-    _teardown()
     try:
-        _sh("ip", "netns", "add", NS)
-        _sh("ip", "link", "add", HEAD_IF, "type", "veth", "peer", "name", NODE_IF)
-        _sh("ip", "link", "set", NODE_IF, "netns", NS)
-        _sh("ip", "addr", "add", f"{HEAD_IP}/24", "dev", HEAD_IF)
-        _sh("ip", "link", "set", HEAD_IF, "up")
-        _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{NODE_IP}/24", "dev", NODE_IF)
-        _sh("ip", "netns", "exec", NS, "ip", "link", "set", NODE_IF, "up")
-        _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
-        # gloo binds the interface named here; without it, it picks 127.0.0.1 and the peer's connect is refused.
-        _sh(
-            RAY,
-            "start",
-            "--head",
-            f"--node-ip-address={HEAD_IP}",
-            f"--port={PORT}",
-            "--num-cpus=1",
-            "--include-dashboard=true",
-            f"--dashboard-host={HEAD_IP}",
-            "--disable-usage-stats",
-            env={**NODE_ENV, "GLOO_SOCKET_IFNAME": HEAD_IF},
-        )
+        start_head()
         start_node()
         yield f"{HEAD_IP}:{PORT}"
     finally:
         _teardown()
+
+
+def start_head(**env: str) -> None:
+    """The head node (1 CPU, dashboard and Jobs API) in this namespace, and the second namespace ready for a node;
+    env: more variables for its processes (Ray Train's controller runs there)."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.fail("the multi-node tests need root and iproute2 (.ci/run installs iproute2)")
+    _teardown()
+    _sh("ip", "netns", "add", NS)
+    _sh("ip", "link", "add", HEAD_IF, "type", "veth", "peer", "name", NODE_IF)
+    _sh("ip", "link", "set", NODE_IF, "netns", NS)
+    _sh("ip", "addr", "add", f"{HEAD_IP}/24", "dev", HEAD_IF)
+    _sh("ip", "link", "set", HEAD_IF, "up")
+    _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{NODE_IP}/24", "dev", NODE_IF)
+    _sh("ip", "netns", "exec", NS, "ip", "link", "set", NODE_IF, "up")
+    _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
+    # gloo binds the interface named here; without it, it picks 127.0.0.1 and the peer's connect is refused.
+    _sh(
+        RAY,
+        "start",
+        "--head",
+        f"--node-ip-address={HEAD_IP}",
+        f"--port={PORT}",
+        "--num-cpus=1",
+        "--include-dashboard=true",
+        f"--dashboard-host={HEAD_IP}",
+        "--disable-usage-stats",
+        env={**NODE_ENV, "GLOO_SOCKET_IFNAME": HEAD_IF, **env},
+    )
 
 
 def start_node() -> None:

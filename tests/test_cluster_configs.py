@@ -99,6 +99,11 @@ def test_raycluster_shape() -> None:
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
     mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert {"/dev/shm", "/mnt/shared"} <= mounts and "persistentVolumeClaim" in volumes["shared"]
+    # the spot group: a reclaimed pod first tells Ray it is being preempted, within its grace period
+    spot = next(g for g in spec["workerGroupSpecs"] if g["groupName"] == "gpu-spot")["template"]["spec"]
+    hook = " ".join(spot["containers"][0]["lifecycle"]["preStop"]["exec"]["command"])
+    deadline = int(hook.split("--deadline-remaining-seconds")[1].split()[0])
+    assert "DRAIN_NODE_REASON_PREEMPTION" in hook and deadline < spot["terminationGracePeriodSeconds"]
 
 
 def _launcher_check(config: dict) -> None:
@@ -110,6 +115,9 @@ def _launcher_check(config: dict) -> None:
 def test_cluster_launcher_yaml_validates() -> None:
     config = yaml.safe_load((REPO / "cluster" / "aws.yaml").read_text())
     _launcher_check(config)
+    # spot notices reach Ray as preemption drains on every worker node
+    assert any("spot-drain.sh" in c for c in config["worker_start_ray_commands"])
+    assert (REPO / "cluster" / "spot-drain.sh").exists() and "spot-drain.sh" in str(config["file_mounts"])
     assert any(
         "spot" in str(t["node_config"].get("InstanceMarketOptions", "")).lower()
         for t in config["available_node_types"].values()

@@ -167,3 +167,25 @@ def test_killed_sweep_resumes_each_trial_once(shapes_small: Path, tmp_path: Path
     for history in trials.glob("*/history.jsonl"):  # each epoch of each trial trained and counted once
         epochs = [json.loads(line)["epoch"] for line in history.read_text().splitlines()]
         assert epochs == [1, 2, 3, 4]
+
+
+def test_elastic_trials_are_counted_at_their_least(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune.trial.num_workers: [min, max]: each trial is an elastic run; the sweep's concurrency counts what a trial
+    needs to start (min workers), and a batch choice need not divide by a size the group may take."""
+    import ray
+
+    cfg = config.load(
+        None,
+        [
+            "tune.trial.num_workers=[1,2]",
+            "tune.trial.cpus_per_worker=1",
+            "tune.space={train.batch: {choice: [15, 16]}}",
+        ],
+    )
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+    assert sweep.max_concurrent(cfg, use_gpu=False) == 4
+    sweep.check_space(cfg)  # 15 is fine for an elastic trial (batch_plan splits it at every size)
+    fixed = config.apply(cfg, {"tune.trial.num_workers": 2})
+    assert sweep.max_concurrent(fixed, use_gpu=False) == 2
+    with pytest.raises(ConfigError, match="does not divide"):
+        sweep.check_space(fixed)

@@ -91,7 +91,9 @@ class TrainConfig:
 
 @dataclass
 class ScalingSection:
-    num_workers: int | Literal["auto"] = "auto"  # auto: one per GPU in the cluster, else 2
+    # auto: one per GPU in the cluster, else 2; [min, max]: elastic, the group resizes as nodes come and go
+    num_workers: int | Literal["auto"] | list = "auto"
+    elastic_resize_interval_s: float = 60.0  # an elastic group considers growing this often
     use_gpu: bool | Literal["auto"] = "auto"  # auto: GPUs when the cluster has them
     # auto: a GPU worker reserves its loader processes + 1 (yolo_ray/ray_cluster.py auto_cpus_per_worker); CPU ones 1
     cpus_per_worker: float | Literal["auto"] = "auto"
@@ -105,6 +107,7 @@ class RunSection:
     name: str = "smoke"
     storage_path: str = "runs"  # shared storage on a multi-node cluster (NFS, a mounted volume)
     max_failures: int = 0  # worker-group restarts from the last epoch checkpoint
+    max_preemptions: int = -1  # restarts after a node is preempted (drained), counted apart from failures; -1: any
     checkpoints_to_keep: int = 2
     ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray started for this run
     fail_at_epoch: int | None = None  # fault injection: raise after this epoch's checkpoint (first attempt)
@@ -127,7 +130,7 @@ class TrackingSection:
 
 @dataclass
 class TrialScaling:
-    num_workers: int = 1
+    num_workers: int | list = 1  # [min, max]: elastic trials (the sweep's concurrency counts min)
     # auto: as scaling.cpus_per_worker, within the trial's GPU fraction of its node (0.25 GPU: a quarter of its CPUs)
     cpus_per_worker: float | Literal["auto"] = "auto"
     gpus_per_worker: float = 1.0  # a fraction (e.g. 0.25) lets several single-worker trials share one GPU
@@ -421,6 +424,14 @@ def check_static(cfg: ExperimentConfig) -> None:
                 "set scaling.num_workers to 1 or more, or `auto`.",
             )
         check_batch_divides(cfg, sc.num_workers)
+    trial = cfg.tune.trial.num_workers
+    for key, workers in (("scaling.num_workers", sc.num_workers), ("tune.trial.num_workers", trial)):
+        if isinstance(workers, list):
+            check_worker_range(cfg, key, workers)
+    if sc.elastic_resize_interval_s < 0:
+        raise ConfigError(s, "scaling.elastic_resize_interval_s", "must be >= 0 seconds.", "set e.g. 60.")
+    if r.max_preemptions < -1:
+        raise ConfigError(s, "run.max_preemptions", "must be -1 (any), 0 or more.", "set it to -1 or 0 or more.")
     for key, cpus in (
         ("scaling.cpus_per_worker", sc.cpus_per_worker),
         ("tune.trial.cpus_per_worker", cfg.tune.trial.cpus_per_worker),
@@ -549,6 +560,38 @@ def check_device_loader(cfg: ExperimentConfig) -> None:
                 f"is {cfg.train.extra[key]}: it {what} data.loader=device does not implement.",
                 f"remove train.extra.{key} (or set it to 0), or set data.loader: ultralytics.",
             )
+
+
+def check_worker_range(cfg: ExperimentConfig, key: str, workers: list) -> None:
+    """An elastic [min, max]: two whole numbers, 1 <= min <= max, and at least one image per worker at max."""
+    ok = len(workers) == 2 and all(isinstance(w, int) and not isinstance(w, bool) for w in workers)
+    if not ok or not 1 <= workers[0] <= workers[1]:
+        raise ConfigError(
+            cfg.source,
+            key,
+            f"{workers!r} is not a worker range.",
+            f"write [min, max] with 1 <= min <= max, e.g. {key}=[1,4] (or one number for a fixed group).",
+        )
+    if cfg.train.accumulate is None:
+        raise ConfigError(
+            cfg.source,
+            "train.accumulate",
+            f"is null (Ultralytics' rule, round(64 / batch)), but {key} is elastic: its images per optimizer step "
+            "are kept at every size, so they must be stated.",
+            "set train.accumulate to a number, e.g. 1.",
+        )
+    if cfg.train.batch < workers[1]:
+        raise ConfigError(
+            cfg.source,
+            "train.batch",
+            f"global batch {cfg.train.batch} is smaller than {key} max {workers[1]}: a worker would get no image.",
+            f"set train.batch to {workers[1]} or more.",
+        )
+
+
+def worker_range(num_workers: int | list) -> tuple[int, int]:
+    """(min, max) workers of a fixed or elastic setting (not `auto`)."""
+    return (num_workers[0], num_workers[1]) if isinstance(num_workers, list) else (num_workers, num_workers)
 
 
 def check_batch_divides(cfg: ExperimentConfig, num_workers: int) -> None:

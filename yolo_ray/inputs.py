@@ -159,7 +159,7 @@ def ultralytics_overrides(cfg: ExperimentConfig, model: str, data_yaml: Path, sa
         **t.extra,
     }
     if t.accumulate is not None:  # Ultralytics steps every round(nbs / batch) batches; weight decay scales with it
-        overrides["nbs"] = t.batch * t.accumulate
+        overrides["nbs"] = t.batch * t.accumulate  # (a worker sets batch and nbs for its group's size: batch_plan)
     return overrides
 
 

@@ -147,9 +147,9 @@ def _fit(
         tracker.start(scaling, nodes, checked.dataset)
         tracker.follow()
     print(
-        f"[yolo_ray] ray: {where} | workers: {scaling.num_workers} x "
-        f"{'GPU' if scaling.use_gpu else 'CPU'} | global batch {cfg.train.batch} "
-        f"({cfg.train.batch // scaling.num_workers} per worker) | run dir: {run_dir}",
+        f"[yolo_ray] ray: {where} | workers: {scaling.describe()} x {'GPU' if scaling.use_gpu else 'CPU'} | global "
+        f"batch {cfg.train.batch} ({cfg.train.batch // scaling.num_workers} per worker at {scaling.num_workers}) | "
+        f"run dir: {run_dir}",
         flush=True,
     )
 
@@ -168,9 +168,12 @@ def _fit(
             "export": cfg.tracking.enabled and cfg.tracking.register,
             "callbacks": [vars(c) for c in user_callbacks.parse(cfg.train.callbacks, cfg.source)],
             "verbose": cfg.run.verbose,
+            # each (re)start splits the global batch for the group's size then (batch_plan)
+            "batch": {"batch": cfg.train.batch, "accumulate": cfg.train.accumulate, "max_world": scaling.num_workers},
         },
         scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.num_workers,
+            num_workers=scaling.ray_num_workers,
+            elastic_resize_monitor_interval_s=cfg.scaling.elastic_resize_interval_s,
             use_gpu=scaling.use_gpu,
             resources_per_worker={
                 "CPU": scaling.cpus_per_worker,
@@ -181,7 +184,9 @@ def _fit(
         run_config=ray.train.RunConfig(
             name=cfg.run.name,
             storage_path=str(run_dir.parent),
-            failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures),
+            failure_config=ray.train.FailureConfig(
+                max_failures=cfg.run.max_failures, max_preemption_failures=cfg.run.max_preemptions
+            ),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
             callbacks=callbacks or None,
             logging_config=ray.LoggingConfig(log_level="INFO" if cfg.run.verbose else "WARNING"),

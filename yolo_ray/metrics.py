@@ -38,7 +38,10 @@ def epoch_metrics(trainer: Any, train_seconds: float, resumed_from: int | None) 
     if getattr(trainer, "val_seconds", None) is not None:  # Ultralytics' per-image phases, and the whole of it
         out["val_s"] = float(trainer.val_seconds)
         out.update({f"val_ms_per_image/{k}": float(v) for k, v in trainer.validator.speed.items()})
-    out["world_size"] = int(max(trainer.world_size, 1))
+    out["world_size"] = world = int(max(trainer.world_size, 1))
+    # this group's split of the global batch (batch_plan): an elastic group's changes with its size, not the step's
+    out["per_worker_batch"] = trainer.batch_size // world
+    out["images_per_step"] = max(round(trainer.args.nbs / trainer.batch_size), 1) * trainer.batch_size
     out["gpu_mem_peak_gib"] = _peak_gpu_gib(trainer)
     out["resumed_from_epoch"] = -1 if resumed_from is None else int(resumed_from)
     return out

@@ -12,16 +12,29 @@ from dataclasses import dataclass
 import ray
 
 from yolo_ray import console, reaper
-from yolo_ray.config import ConfigError, ExperimentConfig, check_batch_divides, check_gpu_only
+from yolo_ray.config import ConfigError, ExperimentConfig, check_batch_divides, check_gpu_only, worker_range
 
 
 @dataclass(frozen=True)
 class Scaling:
-    num_workers: int
+    num_workers: int  # the group's size; an elastic group's most
     use_gpu: bool
     cpus_per_worker: float
     gpus_per_worker: float
     placement_strategy: str
+    min_workers: int | None = None  # an elastic group's least (None: fixed)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None
+
+    @property
+    def ray_num_workers(self) -> int | tuple[int, int]:
+        """Ray Train's ScalingConfig(num_workers): a number, or (min, max) for an elastic group."""
+        return (self.min_workers, self.num_workers) if self.min_workers is not None else self.num_workers
+
+    def describe(self) -> str:
+        return f"{self.min_workers}-{self.num_workers} (elastic)" if self.elastic else str(self.num_workers)
 
 
 def connect(address: str | None, verbose: bool = False) -> str:
@@ -104,10 +117,12 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
         )
     check_gpu_only(cfg, use_gpu, "this run trains on CPUs")
     gpus = sc.gpus_per_worker if use_gpu else 0.0
+    least = None
     if sc.num_workers == "auto":
         num_workers = max(1, int(total_gpus // gpus)) if use_gpu else 2
     else:
-        num_workers = sc.num_workers
+        least, num_workers = worker_range(sc.num_workers)
+        least = least if isinstance(sc.num_workers, list) else None
     if use_gpu and num_workers > 1 and gpus < 1:
         raise ConfigError(
             src,
@@ -115,10 +130,11 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
             f"{gpus} is a fraction; NCCL refuses two ranks on one GPU.",
             "use gpus_per_worker: 1 for multi-worker runs (fractions suit single-worker tune trials).",
         )
-    check_batch_divides(cfg, num_workers)
+    if least is None:  # an elastic group's batch follows batch_plan's rule at every size
+        check_batch_divides(cfg, num_workers)
     auto = sc.cpus_per_worker == "auto"
     cpus = auto_cpus_per_worker(cfg, use_gpu, nodes, gpus or 1.0) if auto else sc.cpus_per_worker
-    scaling = Scaling(num_workers, use_gpu, cpus, gpus, sc.placement_strategy)
+    scaling = Scaling(num_workers, use_gpu, cpus, gpus, sc.placement_strategy, least)
     if not sc.autoscaling:
         check_capacity(cfg, scaling, nodes)
     return scaling
@@ -158,12 +174,13 @@ def check_capacity(cfg: ExperimentConfig, s: Scaling, nodes: list[dict]) -> None
         placeable = sum(1 for f in per_node if f > 0)
     elif s.placement_strategy == "STRICT_PACK":
         placeable = max(per_node, default=0)
-    if s.num_workers > placeable:
+    needed = s.min_workers or s.num_workers  # an elastic group starts once its least fits
+    if needed > placeable:
         what = f"{s.cpus_per_worker:g} CPU" + (f" + {s.gpus_per_worker:g} GPU" if s.gpus_per_worker else "")
         raise ConfigError(
             cfg.source,
             "scaling.num_workers",
-            f"{s.num_workers} workers of {what} each can never be placed: the cluster "
+            f"{needed} workers of {what} each can never be placed: the cluster "
             f"({len(nodes)} node(s)) fits at most {placeable} with placement "
             f"{s.placement_strategy}.",
             f"set scaling.num_workers <= {placeable}, lower scaling.cpus_per_worker, or use a larger "

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from yolo_ray.config import ConfigError, ExperimentConfig
 
-FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "YOLO_RAY_FAIL_AT")
+# the job's environment: the tracking server, fault injection, and how long Ray Train waits for a full group before
+# trying a smaller elastic one (60 s by default: the wait after a preemption)
+FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "YOLO_RAY_FAIL_AT", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S")
 
 
 def cluster_nodes(address: str) -> int | None:

@@ -62,11 +62,11 @@ def write_summary(
         "final": {k: final[k] for k in ("mAP50", "mAP50-95", "precision", "recall") if k in final},
         "epochs_completed": max((h["epoch"] for h in history), default=0),
         "epochs": cfg.train.epochs,
-        "world_size": scaling.num_workers,
+        "world_size": history[-1].get("world_size", scaling.num_workers) if history else scaling.num_workers,
         "nodes": len({r["node_ip"] for r in ranks}) if ranks else None,
         "use_gpu": scaling.use_gpu,
         "global_batch": cfg.train.batch,
-        "per_worker_batch": cfg.train.batch // scaling.num_workers,
+        "per_worker_batch": history[-1].get("per_worker_batch") if history else cfg.train.batch // scaling.num_workers,
         "restarts": sum(1 for h in history if h.get("epoch") == h.get("resumed_from_epoch", -2) + 1),
         "checkpoint": checkpoint,
         "best_weights": str(best) if best.exists() else None,
@@ -74,5 +74,7 @@ def write_summary(
         "throughput_images_per_s": round(statistics.median(steady), 2) if steady else None,
         "error": error,
     }
+    if getattr(scaling, "elastic", False):  # each epoch's group size: where it resized
+        summary["world_sizes"] = [h.get("world_size") for h in history]
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

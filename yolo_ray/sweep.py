@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from yolo_ray import config as config_mod
-from yolo_ray.config import ConfigError, ExperimentConfig, TuneSection
+from yolo_ray.config import ConfigError, ExperimentConfig, TuneSection, worker_range
 from yolo_ray.metrics import SWEEPABLE
 from yolo_ray.summary import read_history
 
@@ -70,9 +70,10 @@ def check_space(cfg: ExperimentConfig) -> None:
             raise ConfigError(src, key, f"must be >= 1, got {value}.", "set it to 1 or more.")
     if t.time_budget_s is not None and not t.time_budget_s > 0:
         raise ConfigError(src, "tune.time_budget_s", "must be > 0 seconds.", "set a positive budget, or null.")
-    if t.trial.num_workers < 1:
+    least, most = worker_range(t.trial.num_workers)  # a range is checked with the config
+    if least < 1:
         raise ConfigError(src, "tune.trial.num_workers", "must be >= 1.", "set it to 1 or more.")
-    if t.trial.num_workers > 1 and 0 < t.trial.gpus_per_worker < 1:
+    if most > 1 and 0 < t.trial.gpus_per_worker < 1:
         raise ConfigError(
             src,
             "tune.trial.gpus_per_worker",
@@ -116,7 +117,7 @@ def check_space(cfg: ExperimentConfig) -> None:
                 raise ConfigError(src, where, "loguniform needs low > 0.", "use a positive low bound.")
         for value in _candidates(kind, values):  # each sampled config must itself be valid
             sampled = config_mod.apply(cfg, {key: value})
-            if key == "train.batch" and sampled.train.batch % t.trial.num_workers:
+            if key == "train.batch" and least == most and sampled.train.batch % most:  # elastic: batch_plan's rule
                 raise ConfigError(
                     src,
                     where,
@@ -199,9 +200,10 @@ def max_concurrent(cfg: ExperimentConfig, use_gpu: bool) -> int:
         return int(cfg.tune.max_concurrent)
     total = ray.cluster_resources()
     tr = cfg.tune.trial
-    fits = int(total.get("CPU", 0) // (tr.num_workers * tr.cpus_per_worker))
+    least = worker_range(tr.num_workers)[0]  # an elastic trial starts with its least workers: counted at that
+    fits = int(total.get("CPU", 0) // (least * tr.cpus_per_worker))
     if use_gpu and tr.gpus_per_worker:
-        fits = min(fits, int(total.get("GPU", 0) // (tr.num_workers * tr.gpus_per_worker)))
+        fits = min(fits, int(total.get("GPU", 0) // (least * tr.gpus_per_worker)))
     if fits < 1:
         raise ConfigError(
             cfg.source,

@@ -244,16 +244,22 @@ METRIC_NAMES = {
     "images_per_s": "speed/images_per_s",
     "gpu_mem_peak_gib": "system/gpu_mem_peak_gib",
 }
-# Not metrics: the step itself, Ultralytics' fitness (its mAP50-95 for detection), a world size that is a param
-NOT_METRICS = ("epoch", "fitness", "world_size", "time")
+# Not metrics: the step itself, Ultralytics' fitness (its mAP50-95 for detection)
+NOT_METRICS = ("epoch", "fitness", "time")
+# The group's size and its split of the batch: params of a fixed group, metrics of an elastic one (it resizes)
+GROUP = ("world_size", "per_worker_batch", "images_per_step")
 
 
-def mlflow_metrics(row: dict[str, Any]) -> dict[str, float]:
+def mlflow_metrics(row: dict[str, Any], elastic: bool = False) -> dict[str, float]:
     """One history.jsonl row as MLflow metrics: grouped names, and nothing that only restates the run (a first
-    attempt's resumed_from_epoch -1, a CPU run's GPU memory 0)."""
+    attempt's resumed_from_epoch -1, a CPU run's GPU memory 0, a fixed group's size)."""
     out: dict[str, float] = {}
     for key, value in row.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or key in NOT_METRICS:
+            continue
+        if key in GROUP:
+            if elastic:
+                out[f"system/{key}"] = float(value)
             continue
         if (key == "resumed_from_epoch" and value < 0) or (key == "gpu_mem_peak_gib" and not value):
             continue
@@ -330,7 +336,7 @@ class Tracker:
         params = run_params(self.cfg, sweep_trial=self.parent_run_id is not None)
         params.update(
             {
-                "scaling.num_workers": scaling.num_workers,  # `auto` resolved
+                "scaling.num_workers": scaling.describe(),  # `auto` resolved; an elastic group's range
                 "tracking.model_name": self.model_name,
                 "scaling.world_size": scaling.num_workers,
                 "scaling.nodes": nodes,
@@ -368,7 +374,8 @@ class Tracker:
         sent = 0
         for row in history[self.state.get("synced", 0) :]:
             ts = int(row.get("time", time.time()) * 1000)
-            metrics = [Metric(k, v, ts, int(row["epoch"])) for k, v in mlflow_metrics(row).items()]
+            elastic = isinstance(self.cfg.scaling.num_workers, list)
+            metrics = [Metric(k, v, ts, int(row["epoch"])) for k, v in mlflow_metrics(row, elastic).items()]
             self.client.log_batch(self.state["run_id"], metrics=metrics)
             self.state["synced"] = self.state.get("synced", 0) + 1
             self._save()

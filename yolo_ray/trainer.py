@@ -43,6 +43,7 @@ class RayDetectionTrainer(DetectionTrainer):
         self,
         overrides: dict,
         *,
+        nbs: int | None = None,
         device: torch.device,
         world_size: int,
         sync_bn: bool = False,
@@ -61,6 +62,8 @@ class RayDetectionTrainer(DetectionTrainer):
         self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
         self.shard_indices: list[int] = []
         super().__init__(overrides=overrides)  # Ultralytics' init_seeds sets the kernel mode from `deterministic`
+        if nbs is not None:  # on resume Ultralytics restores nbs from last.pt; the group may have another size now
+            self.args.nbs = nbs
         if not self.args.deterministic and device.type == "cuda":
             # Ultralytics leaves cuDNN's autotuner off (it breaks AutoBatch, which yolo_ray never uses); training
             # batches keep one shape, so cuDNN times its kernels once per shape and keeps the fastest

@@ -22,7 +22,7 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from yolo_ray import faults, user_callbacks
+from yolo_ray import batch_plan, faults, user_callbacks
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
 from yolo_ray.metrics import clean, epoch_metrics, final_metrics
@@ -54,6 +54,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     run_dir = Path(config["run_dir"])
     overrides = dict(config["overrides"])
     overrides["device"] = "cpu" if device.type == "cpu" else str(device.index)
+    if config["batch"]["accumulate"] is not None:  # this start's group size (elastic groups resize): batch_plan
+        overrides.update(batch_plan.plan(**config["batch"], world=world_size).ultralytics())
 
     with ExitStack() as stack:
         if rank == 0:
@@ -73,6 +75,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
         trainer = RayDetectionTrainer(
             overrides,
+            nbs=overrides.get("nbs"),  # a resumed run's last.pt holds the nbs of the size it was saved at
             device=device,
             world_size=world_size,
             sync_bn=config["sync_bn"],
