@@ -43,7 +43,7 @@ def test_background_save_is_ultralytics_checkpoint(device: str, shapes_small: Pa
     ultralytics_env.setup()
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    from yolo_ray.trainer import RayDetectionTrainer
+    from yolo_ray.trainer import trainer_class
 
     overrides = {
         "model": "yolo11n.yaml",
@@ -59,7 +59,7 @@ def test_background_save_is_ultralytics_checkpoint(device: str, shapes_small: Pa
         "name": "run",
         "device": "cpu" if device == "cpu" else "0",
     }
-    trainer = RayDetectionTrainer(
+    trainer = trainer_class("detect")(
         overrides, device=torch.device(device, 0) if device == "cuda" else torch.device(device), world_size=1
     )
     staged: dict[int, Path] = {}

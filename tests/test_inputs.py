@@ -88,7 +88,9 @@ SETTINGS = [
     (["run.name=yes"], "run.name", "quote the value"),
     (["tracking.alias=v1", "tracking.enabled=true"], "tracking.alias", "reserved"),
     (["tracking.alias=latest", "tracking.enabled=true"], "tracking.alias", "reserved"),
-    (["model=yolo11n-cls.yaml"], "model", "classify model"),
+    (["task=segment"], "task", "is segment, but the model yolo11n.yaml is a detect model"),
+    (["model=yolo11n-seg.yaml", "data.loader=device"], "data.loader", "moves boxes only"),
+    (["model=yolo11n-pose.yaml", "train.cuda_graphs=true"], "train.cuda_graphs", "detection only"),
     (["data.max_bad_fraction=2"], "data.max_bad_fraction", "between 0 and 1"),
 ]
 
@@ -203,7 +205,7 @@ def test_unusable_is_what_ultralytics_drops(base: Path, tmp_path: Path) -> None:
 
     data = variant(base, tmp_path, more_mess)
     split = checks.Split(checks.split_images(data, "train"))
-    checks._scan(split, 3, "test", "data.path")
+    checks._scan(split, checks.LabelRule(3, "detect", 0, "test", "data.path"))
     ours = sorted(Path(f).name for f, _ in split.unusable)
     labels = img2label_paths(split.images)
     theirs = sorted(
@@ -255,3 +257,19 @@ def test_paths_are_resolved_where_the_user_runs(
     listed = Path(out["train"]).read_text().split()
     assert listed == [str(p) for p in images] and all(Path(p).is_absolute() for p in listed)
     assert json.dumps(out)  # plain types only: Ultralytics reads it in the workers
+
+
+TASK_DATASETS = [  # a detection dataset given to the other tasks' models: each refused with what that task needs
+    ("yolo11n-seg.yaml", "a segment model learns masks from polygon labels"),
+    ("yolo11n-pose.yaml", "a pose model needs `kpt_shape"),
+    ("yolo11n-obb.yaml", "5 columns; obb labels have 9 (class x1 y1 x2 y2 x3 y3 x4 y4"),
+    ("yolo11n-cls.yaml", "is not a folder; a classification dataset is one"),
+]
+
+
+@pytest.mark.parametrize(("model", "words"), TASK_DATASETS, ids=[m for m, _ in TASK_DATASETS])
+def test_a_dataset_of_another_task_is_refused(
+    model: str, words: str, base: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    for text in both(capsys, tmp_path, f"data.path={base / 'data.yaml'}", f"model={model}", "data.max_bad_fraction=0"):
+        assert "data.path" in text and words in text, text

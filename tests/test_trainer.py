@@ -1,4 +1,4 @@
-"""RayDetectionTrainer's seams that need no Ray to check (the rest runs in test_launcher / test_faults)."""
+"""RayTrainer's seams that need no Ray to check (the rest runs in test_launcher / test_faults)."""
 
 from __future__ import annotations
 

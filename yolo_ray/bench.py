@@ -27,6 +27,7 @@ from typing import IO, Any
 from yolo_ray import gitinfo
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
+from yolo_ray.tasks import RENAMES
 
 
 @dataclass
@@ -55,6 +56,20 @@ class BenchSettings:
     deterministic: bool = True  # every variant's train.deterministic (false: cuDNN autotuned, its fastest kernels)
     cpus_per_worker: float = 0  # yolo_ray's Ray workers (0: this machine's CPUs shared among them, as native has them)
     device_cache: str = "auto"  # the device-loader variants' data.device_cache: auto | replicated | sharded
+    task: str = "detect"  # segment | pose | obb | classify: that task's model and generated data, native vs yolo_ray
+
+    def for_task(self) -> BenchSettings:
+        """The settings as a task other than detect runs them: its yolo11 model (unless one is given), its generated
+        data (shapes style, at most 3 classes), Ultralytics' loader only (the fast path is detection's)."""
+        if self.task == "detect":
+            return self
+        from dataclasses import replace
+
+        from yolo_ray import tasks
+
+        model = self.model if self.model != "yolo11n.yaml" else f"yolo11n{tasks.get(self.task).model_suffix}.yaml"
+        data_dir = f"{self.data_dir}-{self.task}"
+        return replace(self, model=model, style="shapes", classes=min(self.classes, 3), data_dir=data_dir)
 
     @classmethod
     def cpu(cls) -> BenchSettings:
@@ -272,8 +287,7 @@ def run_variant(
         "epoch_s": round(epoch_s, 2),
         "wall_s": round(wall, 1),
         **phases(lines, wall),
-        "mAP50-95": last.get("metrics/mAP50-95(B)"),
-        "mAP50": last.get("metrics/mAP50(B)"),
+        **{RENAMES[k]: v for k, v in last.items() if k in RENAMES},  # the task's scores: mAP50-95, top1, ...
         **sampler.summary(),
     }
 
@@ -434,7 +448,9 @@ def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], i
     if not cpu:
         for n in counts:
             out.append((f"yolo_ray-graphs-{n}{unit}", [*use, *device_path(s), *GRAPHS], n, s.batch_per_gpu))
-    if s.throughput_batch_per_gpu:
+    if s.task != "detect":  # native and yolo_ray with Ultralytics' loader: the fast path is detection's
+        out = [v for v in out if "device" not in v[0] and "graphs" not in v[0]]
+    if s.throughput_batch_per_gpu and s.task == "detect":
         tb = s.throughput_batch_per_gpu
         for n in counts:
             out.append((f"yolo_ray-device-b{tb}-{n}{unit}", [*use, *device_path(s)], n, tb))
@@ -449,9 +465,10 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
 
     from yolo_ray.data.synth import SynthSpec, ensure
 
+    s = s.for_task()
     gpus = 0 if cpu else (s.gpus or torch.cuda.device_count())
     variants = plan(s, gpus, cpu)  # bad options fail here, before any data or GPU work
-    ensure(s.data_dir, SynthSpec(images=s.images, imgsz=s.imgsz, classes=s.classes, style=s.style))
+    ensure(s.data_dir, SynthSpec(images=s.images, imgsz=s.imgsz, classes=s.classes, style=s.style, task=s.task))
     Path(s.out_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), "YOLO_OFFLINE": "1"}
     results: list[dict[str, Any]] = []
@@ -468,7 +485,8 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "results": results,
     }
     out_json.parent.mkdir(parents=True, exist_ok=True)
-    for batch in sorted({s.batch_per_gpu, s.throughput_batch_per_gpu} - {0}):  # first: short, and a reference
+    ceilings = {s.batch_per_gpu, s.throughput_batch_per_gpu} - {0} if s.task == "detect" else set()
+    for batch in sorted(ceilings):  # first: short, and a reference (of the detection model's step)
         results.append(step_ceiling(s, "cpu" if cpu else "cuda:0", batch))
         if not cpu:  # graphs; and both steps under the variants' kernel mode (train.deterministic)
             mode = "deterministic" if s.deterministic else "autotuned"
@@ -612,6 +630,9 @@ def print_table(report: dict[str, Any]) -> None:
         "cpu_util_pct",
         "gpu_util_pct",
         "mAP50-95",
+        "mask_mAP50-95",
+        "pose_mAP50-95",
+        "top1",
     ]
     print(
         f"\n{report['gpus']} x {report['gpu_name'] or 'CPU'}, {report['cpus']} CPUs, {report['settings']['model']} "

@@ -20,6 +20,7 @@ examples:
   yolo-ray check experiments/seed-coco-4gpu.yaml   # validate a config (and its dataset) without training
   yolo-ray data synth datasets/shapes images=2000 imgsz=640 classes=3
   yolo-ray data synth datasets/real style=real images=3000 imgsz=640 classes=5   # shaped like real data
+  yolo-ray data synth datasets/seg task=segment images=512 imgsz=128        # then model=yolo11n-seg.yaml
   yolo-ray bench --parity seeds=0,1,2 epochs=10                                  # accuracy parity over seeds
 """
 
@@ -116,21 +117,23 @@ def cmd_synth(ns: argparse.Namespace) -> int:
     from yolo_ray.data.synth import SynthSpec, generate
 
     opts = parse_overrides(ns.options, source="yolo-ray data synth")
-    unknown = set(opts) - {"images", "imgsz", "classes", "seed", "max_objects", "style"}
+    unknown = set(opts) - {"images", "imgsz", "classes", "seed", "max_objects", "style", "task"}
     if unknown:
         raise ConfigError(
             "yolo-ray data synth",
             ", ".join(sorted(unknown)),
             "unknown option.",
-            "use images=N imgsz=S classes=K seed=N max_objects=N style=shapes|real.",
+            "use images=N imgsz=S classes=K seed=N max_objects=N style=shapes|real task=segment|pose|obb|classify.",
         )
     try:
         spec = SynthSpec(**opts)
         spec.validate()
     except (TypeError, ValueError) as e:
         raise ConfigError("yolo-ray data synth", "options", str(e), "see `yolo-ray data synth --help`.") from None
-    path = generate(ns.out_dir, spec)
-    print(json.dumps({"data_yaml": str(path), "train_images": spec.images, "val_images": spec.val_images}))
+    from yolo_ray.data.synth import dataset_path
+
+    path = dataset_path(generate(ns.out_dir, spec), spec.task)  # data.path: a data.yaml, for classify the folder
+    print(json.dumps({"data": str(path), "train_images": spec.images, "val_images": spec.val_images}))
     return 0
 
 
@@ -279,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a learnable detection dataset. style=shapes (default): square images with 1-4 large "
         "shapes, quick to learn. style=real: scenes shaped like real data (9 sizes from 320x240 to 1280x720 at "
         "imgsz=640, 0-15 objects down to ~1.5%% of the short side, occlusion, clutter, ~6%% empty, ~10%% grey, ~10%% "
-        "PNG). Options: images=N (train; val gets N/5) imgsz=S classes=K (1-8) seed=N max_objects=N style=S.",
+        "PNG). task=segment|pose|obb|classify (shapes style): polygons, quadrilaterals with their corners as "
+        "keypoints, rotated boxes, a folder per class. Options: images=N (train; val gets N/5) imgsz=S classes=K "
+        "(1-8) seed=N max_objects=N style=S task=T.",
     )
     s.add_argument("out_dir")
     s.add_argument("options", nargs="*", metavar="key=value")

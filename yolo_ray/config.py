@@ -158,6 +158,8 @@ class TuneSection:
 @dataclass
 class ExperimentConfig:
     model: str = "yolo11n.yaml"  # a YOLO11 yaml (built from scratch) or a local .pt
+    # detect, segment, pose, obb or classify; auto: the model's own (yolo11n-seg.yaml is segment), as Ultralytics does
+    task: Literal["auto", "detect", "segment", "pose", "obb", "classify"] = "auto"
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     scaling: ScalingSection = field(default_factory=ScalingSection)

@@ -63,7 +63,9 @@ def check_onnx(weights: str | Path, onnx_path: str | Path, images: list[Path], i
     model = model.float().eval()
     with torch.no_grad():
         ref = model(torch.from_numpy(x))
-    ref = (ref[0] if isinstance(ref, (list, tuple)) else ref).numpy()
+    while isinstance(ref, (list, tuple)):  # eval outputs: (predictions, extras); segment nests one more level
+        ref = ref[0]
+    ref = ref.numpy()
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     out = session.run(None, {session.get_inputs()[0].name: x})[0]
     scale = float(np.abs(ref).max()) or 1.0

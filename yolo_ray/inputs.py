@@ -14,13 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from yolo_ray import tasks
 from yolo_ray.config import TRAIN_KEYS, ConfigError, ExperimentConfig
 from yolo_ray.data import checks
+from yolo_ray.tasks import TASKS
 
 
 @dataclass(frozen=True)
 class Inputs:
     model: str  # a local file (absolute) or an architecture yaml Ultralytics ships
+    task: str  # the model's (tasks.py): which Ultralytics trainer, which labels, which headline metric
     dataset: checks.Dataset
 
 
@@ -30,25 +33,26 @@ def prepare(cfg: ExperimentConfig) -> Inputs:
 
     ultralytics_env.setup(verbose=cfg.run.verbose)  # before the driver's first import of Ultralytics
     check_local_gpus(cfg)
-    model = resolve_model(cfg)
-    dataset = checks.prepare(cfg)
-    check_ultralytics_args(cfg, model, dataset.source)
+    model, task = resolve_model(cfg)
+    check_task_paths(cfg, task)
+    dataset = checks.prepare(cfg, task)
+    check_ultralytics_args(cfg, model, dataset.source, task)
     check_storage(cfg)
-    return Inputs(model, dataset)
+    return Inputs(model, task, dataset)
 
 
 # --------------------------------------------------------------------------------------------------- the model
 
 
-def resolve_model(cfg: ExperimentConfig) -> str:
-    """A detection model Ultralytics can build offline: a local .pt/.yaml file, or a YOLO architecture yaml it ships."""
+def resolve_model(cfg: ExperimentConfig) -> tuple[str, str]:
+    """A model Ultralytics can build offline (a local .pt/.yaml file, or a YOLO architecture yaml it ships) and its
+    task."""
     model, local = cfg.model, Path(cfg.model).expanduser()
     if local.is_dir():
         raise ConfigError(cfg.source, "model", f"{model} is a directory.", "give the .pt or .yaml file in it.")
     if local.is_file():
         path = str(local.resolve())
-        _check_task(cfg, _checkpoint_task(cfg, local) if local.suffix == ".pt" else _yaml_task(cfg, local))
-        return path
+        return path, _check_task(cfg, _checkpoint_task(cfg, local) if local.suffix == ".pt" else _yaml_task(cfg, local))
     if model.endswith(".pt"):
         raise ConfigError(
             cfg.source,
@@ -59,8 +63,7 @@ def resolve_model(cfg: ExperimentConfig) -> str:
     if model.endswith((".yaml", ".yml")) and _shipped_model_yaml(model):
         from ultralytics.nn.tasks import guess_model_task
 
-        _check_task(cfg, guess_model_task(model))
-        return model
+        return model, _check_task(cfg, guess_model_task(model))
     raise ConfigError(
         cfg.source,
         "model",
@@ -115,24 +118,57 @@ def _yaml_task(cfg: ExperimentConfig, path: Path) -> str:
         ) from None
 
 
-def _check_task(cfg: ExperimentConfig, task: str) -> None:
-    if task != "detect":
+def _check_task(cfg: ExperimentConfig, task: str) -> str:
+    """The model's task, which `task:` (when set) must agree with."""
+    if task not in TASKS:
         raise ConfigError(
             cfg.source,
             "model",
-            f"{cfg.model} is a {task} model; yolo_ray trains detection models (boxes with class labels).",
-            "use a detection model, e.g. yolo11n.yaml, or a detection checkpoint.",
+            f"{cfg.model} is a {task} model; yolo_ray trains {', '.join(TASKS)} models.",
+            "use e.g. yolo11n.yaml, yolo11n-seg.yaml, yolo11n-pose.yaml, yolo11n-obb.yaml or yolo11n-cls.yaml.",
+        )
+    if cfg.task not in ("auto", task):
+        wanted = f"yolo11n{tasks.get(cfg.task).model_suffix}.yaml"
+        raise ConfigError(
+            cfg.source,
+            "task",
+            f"is {cfg.task}, but the model {cfg.model} is a {task} model.",
+            f"use a {cfg.task} model (e.g. model={wanted}), or task={task} (or leave task: auto).",
+        )
+    return task
+
+
+def check_task_paths(cfg: ExperimentConfig, task: str) -> None:
+    """The fast path's parts that know only boxes, refused for the other tasks before anything starts."""
+    if task == "detect":
+        return
+    if cfg.data.loader == "device":
+        raise ConfigError(
+            cfg.source,
+            "data.loader",
+            f"is `device`, whose augmentation moves boxes only; a {task} model needs its labels moved too.",
+            "use data.loader=ultralytics (Ultralytics' own loader, which augments every task's labels).",
+        )
+    if cfg.train.cuda_graphs:
+        raise ConfigError(
+            cfg.source,
+            "train.cuda_graphs",
+            f"is measured and tested for detection only, not for a {task} model's heads.",
+            "set train.cuda_graphs=false (train.channels_last and AMP still apply).",
         )
 
 
 # --------------------------------------------------------------------------------------------------- Ultralytics
 
 
-def ultralytics_overrides(cfg: ExperimentConfig, model: str, data_yaml: Path, save_dir: Path) -> dict[str, Any]:
+def ultralytics_overrides(
+    cfg: ExperimentConfig, model: str, data_yaml: Path, save_dir: Path, task: str = "detect"
+) -> dict[str, Any]:
     """The Ultralytics train arguments for this experiment (batch is global; accumulate maps to nbs)."""
     t = cfg.train
     overrides = {
         "model": model,
+        "task": task,
         "data": str(data_yaml),
         "epochs": t.epochs,
         "imgsz": t.imgsz,
@@ -163,13 +199,13 @@ def ultralytics_overrides(cfg: ExperimentConfig, model: str, data_yaml: Path, sa
     return overrides
 
 
-def check_ultralytics_args(cfg: ExperimentConfig, model: str, data_yaml: Path) -> None:
+def check_ultralytics_args(cfg: ExperimentConfig, model: str, data_yaml: Path, task: str = "detect") -> None:
     """Ultralytics' own checks of every train argument (types and ranges: lr0 and momentum in 0..1, fliplr a
     probability, no NaN), run on the driver: in a worker they fail after Ray started, in every rank."""
     from ultralytics.cfg import get_cfg
 
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = ultralytics_overrides(cfg, model, data_yaml, Path(tmp))
+        overrides = ultralytics_overrides(cfg, model, data_yaml, Path(tmp), task)
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # its CLI help on a bad key
                 get_cfg(overrides=overrides)

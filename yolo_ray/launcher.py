@@ -11,6 +11,7 @@ import yaml
 
 from yolo_ray import inputs, run_lock, user_callbacks
 from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.metrics import headline
 from yolo_ray.progress import EpochConsole
 from yolo_ray.summary import write_summary
 
@@ -156,7 +157,7 @@ def _fit(
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "overrides": inputs.ultralytics_overrides(cfg, checked.model, data_yaml, run_dir / "train"),
+            "overrides": inputs.ultralytics_overrides(cfg, checked.model, data_yaml, run_dir / "train", checked.task),
             "run_dir": str(run_dir),
             "sync_bn": cfg.train.sync_bn,
             "loader": cfg.data.loader,
@@ -216,8 +217,7 @@ def _fit(
         summary["mlflow"] = {"tracking_uri": uri, **tracker.finish("finished")}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(
-        f"[yolo_ray] done: mAP50={summary['final'].get('mAP50', float('nan')):.4f} "
-        f"mAP50-95={summary['final'].get('mAP50-95', float('nan')):.4f} | summary: {run_dir / 'summary.json'}",
+        f"[yolo_ray] done: {headline(summary['final'])} | summary: {run_dir / 'summary.json'}",
         flush=True,
     )
     return summary

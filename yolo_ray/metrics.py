@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-# Ultralytics' metric keys -> ours (MLflow rejects parentheses in metric names).
-RENAMES = {
-    "metrics/precision(B)": "precision",
-    "metrics/recall(B)": "recall",
-    "metrics/mAP50(B)": "mAP50",
-    "metrics/mAP50-95(B)": "mAP50-95",
-}
+from yolo_ray import tasks
+
+# Ultralytics' metric keys -> ours (MLflow rejects parentheses in metric names); every task's (tasks.py).
+RENAMES = tasks.RENAMES
+LOSS = re.compile(r"^(train|val)/\w*loss$")  # each task's own loss items: box, cls, dfl, seg, pose, kobj, loss
 
 
-# What every epoch reports that a sweep can optimise (Tune's metric): the scores and the losses.
-SWEEPABLE = (
-    "mAP50-95", "mAP50", "precision", "recall", "fitness",
-    *(f"{split}/{loss}_loss" for split in ("train", "val") for loss in ("box", "cls", "dfl")),
-)  # fmt: skip
+def sweepable(name: str) -> bool:
+    """What every epoch reports that a sweep can optimise (Tune's metric): a score, fitness, or a loss."""
+    key = tasks.metric_key(name)
+    return key in tasks.SCORES or key == "fitness" or bool(LOSS.match(key))
+
+
+def scores(metrics: dict[str, Any]) -> dict[str, float]:
+    """The scores among a metrics dict (what summary.json's `final` and the registry's tags hold)."""
+    return {k: metrics[k] for k in tasks.SCORES if isinstance(metrics.get(k), (int, float))}
+
+
+def headline(final: dict[str, Any]) -> str:
+    """The run's final scores in one line: mAP50 and mAP50-95 of each kind the task has, or top-1 / top-5."""
+    shown = [k for k in tasks.SCORES if ("mAP" in k or k.startswith("top")) and isinstance(final.get(k), float)]
+    return " ".join(f"{k}={final[k]:.4f}" for k in shown) or "no scores"
 
 
 def clean(metrics: dict[str, Any]) -> dict[str, float]:
@@ -50,7 +59,8 @@ def epoch_metrics(trainer: Any, train_seconds: float, resumed_from: int | None) 
 def final_metrics(trainer: Any) -> dict[str, Any]:
     """Metrics of the final validation of best.pt (rank 0, after training)."""
     names = {int(k): str(v) for k, v in trainer.data["names"].items()}
-    return {"epochs_completed": trainer.epoch + 1, **clean(trainer.metrics or {}), "names": names}
+    final = {"epochs_completed": trainer.epoch + 1, **clean(trainer.metrics or {}), "names": names}
+    return {**final, "task": trainer.args.task, "headline": tasks.get(trainer.args.task).headline}
 
 
 def _peak_gpu_gib(trainer: Any) -> float:

@@ -9,7 +9,7 @@ from typing import Any
 
 from yolo_ray.config import ExperimentConfig
 from yolo_ray.inputs import check_storage, prepare, ultralytics_overrides
-from yolo_ray.metrics import clean
+from yolo_ray.metrics import clean, scores
 
 
 class EpochTimer:
@@ -72,7 +72,7 @@ def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
     run_dir = check_storage(cfg)
     data_yaml = checked.dataset.write(run_dir)  # the same resolved data.yaml yolo_ray's workers read
     model = checked.model
-    overrides = ultralytics_overrides(cfg, model, data_yaml, run_dir / "train")
+    overrides = ultralytics_overrides(cfg, model, data_yaml, run_dir / "train", checked.task)
     overrides.pop("model")
     overrides["device"] = device
     yolo = YOLO(model)
@@ -84,7 +84,7 @@ def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
         "run_name": cfg.run.name,
         "run_dir": str(run_dir),
         "native": True,
-        "final": {k: metrics[k] for k in ("mAP50", "mAP50-95", "precision", "recall") if k in metrics},
+        "final": scores(metrics),
         "epochs_completed": getattr(yolo.trainer, "epoch", cfg.train.epochs - 1) + 1,  # a DDP parent never trains
         "world_size": 1,
         "wall_time_s": round(time.time() - started, 2),

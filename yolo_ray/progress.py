@@ -21,7 +21,23 @@ from typing import Any
 from yolo_ray.summary import read_history
 
 PROGRESS = "progress.json"
-SHOWN = ("train/box_loss", "train/cls_loss", "precision", "recall", "mAP50", "mAP50-95", "lr/pg0", "images_per_s")
+SHOWN = (
+    "train/box_loss",
+    "train/seg_loss",
+    "train/pose_loss",
+    "train/cls_loss",
+    "train/loss",
+    "precision",
+    "recall",
+    "mAP50",
+    "mAP50-95",
+    "mask_mAP50-95",
+    "pose_mAP50-95",
+    "top1",
+    "top5",
+    "lr/pg0",
+    "images_per_s",
+)  # fmt: skip  (each task's own: a row holds only its task's keys)
 
 
 def epoch_line(row: dict[str, Any], epochs: int) -> str:

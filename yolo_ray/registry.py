@@ -61,11 +61,16 @@ def _model_version(client, model_uri: str):
 
 
 def _score(version) -> float:
-    return float(version.tags.get("mAP50-95", "nan"))
+    """The version's headline score (its task's: mAP50-95, mask_mAP50-95, pose_mAP50-95 or top1)."""
+    return float(version.tags.get(version.tags.get("headline", "mAP50-95"), "nan"))
+
+
+def _headline(version) -> str:
+    return version.tags.get("headline", "mAP50-95")
 
 
 def promote(name: str, version: str, uri: str, force: bool = False) -> str:
-    """Point `champion` at name/version unless its mAP50-95 is worse than the current champion's."""
+    """Point `champion` at name/version unless its headline score is worse than the current champion's."""
     client = _client(uri)
     candidate = client.get_model_version(name, version)
     try:
@@ -75,8 +80,9 @@ def promote(name: str, version: str, uri: str, force: bool = False) -> str:
     if current is not None and current.version != candidate.version and not force:
         if not _score(candidate) >= _score(current):
             raise PromotionRefused(
-                f"{name} v{candidate.version} (mAP50-95 {_score(candidate):.4f}) is worse than the champion "
-                f"v{current.version} ({_score(current):.4f}); the champion stays. Use --force to promote anyway."
+                f"{name} v{candidate.version} ({_headline(candidate)} {_score(candidate):.4f}) is worse than the "
+                f"champion v{current.version} ({_score(current):.4f}); the champion stays. Use --force to promote "
+                "anyway."
             )
     client.set_registered_model_alias(name, CHAMPION, candidate.version)
     was = f" (was v{current.version})" if current is not None else ""

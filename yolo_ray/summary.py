@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from yolo_ray.metrics import scores
+
 HISTORY = "history.jsonl"
 
 
@@ -59,7 +61,8 @@ def write_summary(
         "run_name": cfg.run.name,
         "run_dir": str(run_dir),
         "config": cfg.source,
-        "final": {k: final[k] for k in ("mAP50", "mAP50-95", "precision", "recall") if k in final},
+        "final": scores(final),
+        "task": final.get("task"),
         "epochs_completed": max((h["epoch"] for h in history), default=0),
         "epochs": cfg.train.epochs,
         "world_size": history[-1].get("world_size", scaling.num_workers) if history else scaling.num_workers,

@@ -18,8 +18,9 @@ import yaml
 
 from yolo_ray import config as config_mod
 from yolo_ray.config import ConfigError, ExperimentConfig, TuneSection, worker_range
-from yolo_ray.metrics import SWEEPABLE
+from yolo_ray.metrics import sweepable
 from yolo_ray.summary import read_history
+from yolo_ray.tasks import SCORES, metric_key
 
 KINDS = ("choice", "uniform", "loguniform", "grid")
 
@@ -51,9 +52,11 @@ def check_space(cfg: ExperimentConfig) -> None:
         )
     if t.num_samples < 1:
         raise ConfigError(src, "tune.num_samples", "must be >= 1.", "set tune.num_samples to 1 or more.")
-    if t.metric not in SWEEPABLE:  # found only after the first trial trained, otherwise
+    if not sweepable(t.metric):  # found only after the first trial trained, otherwise
         what = f"{t.metric!r} is not a metric every epoch reports."
-        raise ConfigError(src, "tune.metric", what, f"use one of {', '.join(SWEEPABLE)}.")
+        names = ", ".join(SCORES)
+        raise ConfigError(src, "tune.metric", what, f"use a score ({names}), fitness, or a loss (train/box_loss).")
+    t.metric = metric_key(t.metric)  # Ultralytics' `metrics/mAP50-95(M)` is history's `mask_mAP50-95`
     if t.scheduler == "asha" and t.reduction_factor < 2:
         raise ConfigError(
             src, "tune.reduction_factor", f"must be >= 2, got {t.reduction_factor}.", "ASHA keeps 1/factor: set 2 or 3."

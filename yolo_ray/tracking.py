@@ -24,7 +24,9 @@ from urllib.parse import urlparse
 
 from yolo_ray import gitinfo
 from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.metrics import scores
 from yolo_ray.summary import read_history
+from yolo_ray.tasks import SCORES
 
 STATE = "mlflow.json"
 # Fail fast against a server that is down; the sync loop retries on its own schedule.
@@ -233,7 +235,7 @@ def _round(value: Any) -> Any:
 # history.jsonl's keys as the MLflow run shows them, grouped as Ultralytics' results.csv groups them (metrics/,
 # train/, val/, lr/) with timings under time/; MLflow sorts keys, so a group reads together in the UI.
 METRIC_NAMES = {
-    **{k: f"metrics/{k}" for k in ("precision", "recall", "mAP50", "mAP50-95")},
+    **{k: f"metrics/{k}" for k in SCORES},  # every task's: mAP50-95, mask_mAP50-95, pose_mAP50-95, top1, ...
     "epoch_time_s": "time/epoch_s",  # Ultralytics' epoch_time: training and the end of the epoch
     "train_time_s": "time/train_s",  # the batch loop
     "val_s": "time/val_s",
@@ -463,9 +465,8 @@ class Tracker:
         if not path.exists():
             return
         final = json.loads(path.read_text())
-        keys = ("mAP50", "mAP50-95", "precision", "recall")
         now, step = int(time.time() * 1000), self.cfg.train.epochs
-        metrics = [Metric(f"final/{k}", float(final[k]), now, step) for k in keys if isinstance(final.get(k), float)]
+        metrics = [Metric(f"final/{k}", float(v), now, step) for k, v in scores(final).items()]
         if metrics:
             self.client.log_batch(run_id, metrics=metrics)
             note = (
@@ -506,8 +507,9 @@ class Tracker:
         self._save()
         final = json.loads((self.run_dir / "final_metrics.json").read_text())
         tags = {
-            "mAP50": _round(final.get("mAP50")),
-            "mAP50-95": _round(final.get("mAP50-95")),
+            **{k: _round(v) for k, v in scores(final).items()},  # the task's scores (promote compares `headline`)
+            "task": final.get("task", "detect"),
+            "headline": final.get("headline", "mAP50-95"),
             "run_id": run_id,
             "data": self.cfg.data.path if self.cfg.data.path != "synthetic" else f"synthetic:{self.cfg.data.dir}",
             "imgsz": self.cfg.train.imgsz,

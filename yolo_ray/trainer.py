@@ -1,4 +1,7 @@
-"""Ultralytics' DetectionTrainer, adapted at its seams to run inside a Ray Train worker.
+"""Ultralytics' trainers, adapted at their seams to run inside a Ray Train worker.
+
+One adaptation (RayTrainer) for all five tasks: `trainer_class(task)` puts it in front of Ultralytics' own
+DetectionTrainer, SegmentationTrainer, PoseTrainer, OBBTrainer or ClassificationTrainer (tasks.py).
 
 Everything Ultralytics' in-process DDP path already does right stays as it is: the DDP wrap, DistributedSampler
 shards, per-rank batch = batch // world_size, loss scaling, EMA buffer broadcast before validation, sharded validation
@@ -28,16 +31,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from ultralytics.models.yolo.detect import DetectionTrainer
+from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distributed_zero_first, unwrap_model
 
+from yolo_ray import tasks
 from yolo_ray.checkpoint_writer import CheckpointWriter, weights_digest
 from yolo_ray.console import say
 
 
-class RayDetectionTrainer(DetectionTrainer):
-    """A DetectionTrainer whose processes, world size and device come from Ray Train."""
+def trainer_class(task: str) -> type[RayTrainer]:
+    """RayTrainer in front of the task's Ultralytics trainer: its dataset, model, loss and validator, Ray's ranks."""
+    base = tasks.trainer_base(task)
+    return type(f"Ray{base.__name__}", (RayTrainer, base), {})
+
+
+class RayTrainer(BaseTrainer):
+    """The seams of an Ultralytics trainer, taken over so its processes, world size and device come from Ray Train.
+    Used through trainer_class(task), in front of the task's trainer (BaseTrainer here names the methods it
+    overrides; the task's class comes after it in the MRO)."""
 
     def __init__(
         self,
@@ -70,7 +82,7 @@ class RayDetectionTrainer(DetectionTrainer):
             torch.backends.cudnn.benchmark = True
         self.world_size = world_size  # global, from Ray
         self.ddp = False  # never spawn torch.distributed.run: Ray owns the processes
-        self.writer = CheckpointWriter(self, DetectionTrainer.save_model)
+        self.writer = CheckpointWriter(self, BaseTrainer.save_model)
         self.add_callback("on_train_epoch_start", _set_sampler_epoch)
 
     def _setup_ddp(self) -> None:
@@ -186,7 +198,7 @@ class RayDetectionTrainer(DetectionTrainer):
         return weights_digest(unwrap_model(self.model), as_saved=as_saved)
 
 
-def _set_sampler_epoch(trainer: RayDetectionTrainer) -> None:
+def _set_sampler_epoch(trainer: RayTrainer) -> None:
     """Every epoch its own shuffle (and, for the device loader, its own augmentation stream, seeded by the epoch).
 
     Ultralytics calls `sampler.set_epoch` only when its RANK is not -1, and it sets RANK to -1 whenever WORLD_SIZE is
@@ -219,7 +231,7 @@ class _RayDDP(nn.parallel.DistributedDataParallel):
 
 
 @contextlib.contextmanager
-def _cpu_final_val(trainer: RayDetectionTrainer) -> Iterator[None]:
+def _cpu_final_val(trainer: RayTrainer) -> Iterator[None]:
     """On CPU each rank validates best.pt alone, as an undistributed (rank -1) validator.
 
     Ultralytics' distributed standalone validation puts every rank > -1 on CUDA. The val set is small next to
@@ -245,21 +257,25 @@ def undistributed_validation() -> Iterator[None]:
     """Ultralytics' validators on this rank see RANK -1: each rank validates the whole split alone, no collective in
     the validation itself (its dataset set-up still holds one barrier for all ranks: every rank must validate)."""
     import ultralytics.engine.validator as base_val
-    import ultralytics.models.yolo.detect.val as detect_val
+    import ultralytics.models.yolo.classify.val as classify_val
+    import ultralytics.models.yolo.detect.val as detect_val  # segment, pose and obb validators subclass it
 
-    saved = base_val.RANK, detect_val.RANK
-    base_val.RANK = detect_val.RANK = -1
+    modules = (base_val, detect_val, classify_val)
+    saved = [m.RANK for m in modules]
+    for m in modules:
+        m.RANK = -1
     try:
         yield
     finally:
-        base_val.RANK, detect_val.RANK = saved
+        for m, rank in zip(modules, saved, strict=True):
+            m.RANK = rank
 
 
 GRAPHS_COMPILE_MARK = "yolo_ray.cuda_graphs"  # args.compile while graphs are on
 
 
 @contextlib.contextmanager
-def _graphed_compile(trainer: RayDetectionTrainer) -> Iterator[None]:
+def _graphed_compile(trainer: RayTrainer) -> Iterator[None]:
     """With cuda_graphs, Ultralytics' compile step wraps the model in GraphedModel instead of torch.compile, and
     `args.compile` set makes its loop call the wrapper for predictions and the model's loss apart.
 

@@ -19,14 +19,13 @@ TO_CONFIG = {
     "name": "run.name",
     "project": "run.storage_path",
 }
-SECTIONS = {"model", "data", "train", "scaling", "run", "tracking", "tune"}  # the config's own top-level keys
+SECTIONS = {"model", "task", "data", "train", "scaling", "run", "tracking", "tune"}  # the config's own top-level keys
 NOT_HERE = {  # Ultralytics keys with no meaning here, and what to use instead
     "resume": "re-run the same run.name: a yolo_ray run resumes by itself",
     "nbs": "set train.accumulate (images per optimizer step = batch x accumulate)",
     "save_dir": "set run.storage_path and run.name",
     "exist_ok": "a run directory is reused by re-running its run.name",
     "mode": "use `yolo-ray train` or `yolo-ray tune`",
-    "task": "yolo_ray trains detection (task=detect)",
 }
 
 

@@ -22,7 +22,7 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from yolo_ray import batch_plan, faults, user_callbacks
+from yolo_ray import batch_plan, faults, tasks, user_callbacks
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
 from yolo_ray.metrics import clean, epoch_metrics, final_metrics
@@ -49,7 +49,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ultralytics_env.disable_integrations()
     ultralytics_env.quiet_progress_bars()
 
-    from yolo_ray.trainer import RayDetectionTrainer  # imports ultralytics: only after Ray set the ranks
+    from yolo_ray.trainer import trainer_class  # imports ultralytics: only after Ray set the ranks
 
     run_dir = Path(config["run_dir"])
     overrides = dict(config["overrides"])
@@ -73,7 +73,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             if rank == 0:
                 say(f"[yolo_ray] resuming from the epoch-{resumed_from} checkpoint {ckpt_dir}")
 
-        trainer = RayDetectionTrainer(
+        trainer = trainer_class(overrides["task"])(
             overrides,
             nbs=overrides.get("nbs"),  # a resumed run's last.pt holds the nbs of the size it was saved at
             device=device,
@@ -103,7 +103,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if rank == 0:
             (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics(trainer), indent=2))
             if config.get("export") and trainer.best.exists():
-                val_images = trainer.validator.dataloader.dataset.im_files
+                dataset = trainer.validator.dataloader.dataset  # classification datasets list (file, class) samples
+                val_images = getattr(dataset, "im_files", None) or [s[0] for s in dataset.samples]
                 export_best(trainer.best, val_images, trainer.args.imgsz, run_dir)
 
 
@@ -144,12 +145,16 @@ def finish_trained_run(
     if rank != 0:
         return
     names = {int(k): str(v) for k, v in metrics.names.items()}
-    final = {"epochs_completed": epochs, **clean(metrics.results_dict), "names": names}
+    task = overrides.get("task", "detect")
+    final = {"epochs_completed": epochs, **clean(metrics.results_dict), "names": names, "task": task}
+    final["headline"] = tasks.get(task).headline
     (run_dir / "final_metrics.json").write_text(json.dumps(final, indent=2))
     if config.get("export"):
         from yolo_ray.data.checks import split_images
 
-        export_best(best, [str(p) for p in split_images(Path(overrides["data"]), "val")], overrides["imgsz"], run_dir)
+        data = Path(overrides["data"])
+        images = sorted(data.glob("val/*/*.*")) if data.is_dir() else split_images(data, "val")  # classify: a folder
+        export_best(best, [str(p) for p in images], overrides["imgsz"], run_dir)
 
 
 def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | None]:

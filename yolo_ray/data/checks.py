@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from yolo_ray import tasks
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.data import synth
 
@@ -43,9 +44,10 @@ class Split:
 class Dataset:
     """A checked dataset: Ultralytics' resolved data dict (absolute paths), and each split's images."""
 
-    source: Path  # the data.yaml as given (or generated)
+    source: Path  # the data.yaml as given (or generated); for classify, the dataset's folder
     data: dict[str, Any]
     splits: dict[str, Split]
+    task: str = "detect"
 
     @property
     def names(self) -> dict[int, str]:
@@ -75,7 +77,10 @@ class Dataset:
         return "\n".join(lines)
 
     def write(self, out_dir: Path) -> Path:
-        """out_dir/data.yaml for the workers: every split as one absolute folder or an absolute image list."""
+        """out_dir/data.yaml for the workers: every split as one absolute folder or an absolute image list. A
+        classification dataset is its folder (Ultralytics reads no data.yaml for it): that, absolute."""
+        if self.task == "classify":
+            return Path(self.data["path"])
         out_dir.mkdir(parents=True, exist_ok=True)
         data = {k: v for k, v in self.data.items() if k not in ("yaml_file", "path") and not isinstance(v, Path)}
         data["path"] = str(self.data["path"])
@@ -92,22 +97,32 @@ class Dataset:
         return out
 
 
-def prepare(cfg: ExperimentConfig) -> Dataset:
-    """The dataset to train on: generated for `synthetic`, else the data.yaml given; checked either way."""
+def prepare(cfg: ExperimentConfig, task: str = "detect") -> Dataset:
+    """The dataset to train on: generated for `synthetic` (the task's kind), else the one given; checked."""
     if cfg.data.path == "synthetic":
         s = cfg.data.synthetic
-        spec = synth.SynthSpec(images=s.images, imgsz=s.imgsz, classes=s.classes, seed=s.seed, style=s.style)
-        return check(synth.ensure(cfg.data.dir, spec), cfg)
-    return check(Path(cfg.data.path).expanduser(), cfg)
+        spec = synth.SynthSpec(s.images, s.imgsz, s.classes, s.seed, style=s.style, task=task)
+        try:
+            spec.validate()
+        except ValueError as e:
+            raise ConfigError(cfg.source, "data.synthetic", str(e), "change data.synthetic for this task.") from None
+        path = synth.dataset_path(synth.ensure(cfg.data.dir, spec), task)
+    else:
+        path = Path(cfg.data.path).expanduser()
+    if task == "classify":
+        return check_classify(path, cfg)
+    return check(path, cfg, task)
 
 
-def check(data_yaml: Path, cfg: ExperimentConfig) -> Dataset:
+def check(data_yaml: Path, cfg: ExperimentConfig, task: str = "detect") -> Dataset:
     source, key = cfg.source, f"data.path ({data_yaml})"
     _load_yaml(data_yaml, source)
     data = _resolved(data_yaml, source, key)
+    kpts = _kpt_columns(data, task, source, key)
+    dims = int(data["kpt_shape"][1]) if task == "pose" else 3
     splits = {name: Split(_images(data[name], source, key, name)) for name in SPLITS}
     for name, split in splits.items():
-        _scan(split, len(data["names"]), source, key)
+        _scan(split, LabelRule(len(data["names"]), task, kpts, source, key, dims))
         _refuse_unusable(split, name, cfg, key)
     if not splits["val"].labelled:
         raise ConfigError(
@@ -116,7 +131,53 @@ def check(data_yaml: Path, cfg: ExperimentConfig) -> Dataset:
             f"none of its {len(splits['val'].images)} val images has a label: mAP cannot be measured.",
             "put YOLO label files under the val split's labels/ folder, or point `val:` at a labelled split.",
         )
-    return Dataset(data_yaml.resolve(), data, splits)
+    return Dataset(data_yaml.resolve(), data, splits, task)
+
+
+def _kpt_columns(data: dict[str, Any], task: str, source: str, key: str) -> int:
+    """The keypoint columns a pose label row has after its box (kpt_shape's product); 0 for other tasks."""
+    if task != "pose":
+        return 0
+    shape = data.get("kpt_shape")
+    if not (isinstance(shape, list) and len(shape) == 2 and shape[1] in (2, 3) and shape[0] >= 1):
+        raise ConfigError(
+            source, key, f"has kpt_shape {shape!r}; a pose model needs `kpt_shape: [keypoints, 2 or 3]`.",
+            "add kpt_shape (e.g. [17, 3] for COCO's keypoints) and flip_idx to the data.yaml.",
+        )  # fmt: skip
+    return int(shape[0]) * int(shape[1])
+
+
+def check_classify(folder: Path, cfg: ExperimentConfig) -> Dataset:
+    """A classification dataset: a folder with train/ and val/ (or test/), a folder per class in each."""
+    from ultralytics.data.utils import IMG_FORMATS
+
+    source, key = cfg.source, f"data.path ({folder})"
+    if not folder.is_dir():
+        what = f"{folder} is not a folder; a classification dataset is one (train/ and val/, a folder per class)."
+        raise ConfigError(source, "data.path", what, "point data.path at that folder (no data.yaml).")
+    folder = folder.resolve()
+    val = folder / "val" if (folder / "val").is_dir() else folder / "test"
+    names: list[str] = []
+    splits: dict[str, Split] = {}
+    for name, root in (("train", folder / "train"), ("val", val)):
+        classes = sorted(d.name for d in root.glob("*") if d.is_dir()) if root.is_dir() else []
+        if not classes:
+            what = f"has no {root.name}/ folder with a folder per class."
+            raise ConfigError(source, key, what, f"put {root.name}/<class>/<image> under {folder}.")
+        if name == "val" and classes != names:
+            what = f"its val classes {classes} are not its train classes {names}."
+            raise ConfigError(source, key, what, "give val/ the same class folders as train/.")
+        names = classes
+        files = [str(f) for c in classes for f in sorted((root / c).rglob("*.*"))]
+        split = splits[name] = Split([f for f in files if f.rpartition(".")[-1].lower() in IMG_FORMATS])
+        for image in split.images:
+            why = _image_problem(image)
+            if why:
+                split.unusable.append((image, why))
+        split.labelled = split.boxes = len(split.images) - len(split.unusable)
+        _refuse_unusable(split, name, cfg, key)
+    data = {"path": folder, "train": str(folder / "train"), "val": str(val), "names": dict(enumerate(names))}
+    return Dataset(folder, {**data, "nc": len(names)}, splits, "classify")
 
 
 def split_images(data_yaml: Path, split: str) -> list[Path]:
@@ -128,7 +189,8 @@ def split_images(data_yaml: Path, split: str) -> list[Path]:
 def _load_yaml(data_yaml: Path, source: str) -> dict[str, Any]:
     """Errors a user can fix in the file itself, named before Ultralytics reads it."""
     if data_yaml.is_dir():
-        raise ConfigError(source, "data.path", f"{data_yaml} is a directory.", "point data.path at its data.yaml.")
+        what = f"{data_yaml} is a directory."  # a classification dataset is one: but this model's task is not
+        raise ConfigError(source, "data.path", what, "point data.path at its data.yaml (a -cls model takes a folder).")
     if not data_yaml.is_file():
         raise ConfigError(
             source,
@@ -212,14 +274,15 @@ def _text(path: Path, source: str, key: str) -> str:
 # --------------------------------------------------------------------------------------------- images and labels
 
 
-def _scan(split: Split, nc: int, source: str, key: str) -> None:
+def _scan(split: Split, rule: LabelRule) -> None:
     """Every image and label of a split, in threads (reading and decoding headers release the GIL)."""
     from ultralytics.data.utils import img2label_paths
 
     labels = img2label_paths(split.images)
     with ThreadPoolExecutor(min(32, (os.cpu_count() or 1) * 4)) as pool:
         pairs = zip(split.images, labels, strict=True)
-        results = list(pool.map(lambda pair: _check_pair(*pair, nc, source, key), pairs))
+        results = list(pool.map(lambda pair: _check_pair(*pair, rule), pairs))
+    rule.refuse_mismatch(split)
     for image, (boxes, why) in zip(split.images, results, strict=True):
         if why:
             split.unusable.append((image, why))
@@ -228,11 +291,11 @@ def _scan(split: Split, nc: int, source: str, key: str) -> None:
             split.boxes += boxes
 
 
-def _check_pair(image: str, label: str, nc: int, source: str, key: str) -> tuple[int, str | None]:
+def _check_pair(image: str, label: str, rule: LabelRule) -> tuple[int, str | None]:
     """(boxes, None) for a usable image; (0, why) for one Ultralytics would drop. A class id that is not an integer
     in 0..nc-1, and a label file that is not text, raise ConfigError naming the file and line."""
     why = _image_problem(image)
-    boxes, label_why = _label_rows(Path(label), nc, source, key)
+    boxes, label_why = rule.rows(Path(label))
     return (0, why) if why else (0, label_why) if label_why else (boxes, None)
 
 
@@ -257,28 +320,61 @@ def _image_problem(image: str) -> str | None:
     return None
 
 
-def _label_rows(label: Path, nc: int, source: str, key: str) -> tuple[int, str | None]:
-    """(boxes, why the label would be dropped) by Ultralytics' verify_image_label rules for detection."""
-    if not label.is_file():
-        return 0, None  # no label file: a background image
-    rows = [(n, line.split()) for n, line in enumerate(_text(label, source, key).splitlines(), 1) if line.strip()]
-    for n, fields in rows:
-        _check_class(fields[0], nc, label, n, source, key)
-    segments = any(len(f) > 6 for _, f in rows)
-    for n, fields in rows:
+@dataclass
+class LabelRule:
+    """Ultralytics' verify_image_label rules for one task's label rows: detection boxes (or polygons, which it
+    turns into boxes), segment polygons, OBB corners, pose boxes with kpt_shape's keypoints."""
+
+    nc: int
+    task: str
+    kpts: int  # pose: keypoint columns after the box
+    source: str
+    key: str
+    kpt_dims: int = 3  # pose: 2 (x y) or 3 (x y visible) values a keypoint
+    kinds: set[str] = field(default_factory=set)  # the row kinds seen: box, polygon, obb, pose
+
+    def rows(self, label: Path) -> tuple[int, str | None]:
+        """(objects, why the label would be dropped)."""
+        if not label.is_file():
+            return 0, None  # no label file: a background image
+        text = _text(label, self.source, self.key)
+        rows = [(n, line.split()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        for n, fields in rows:
+            _check_class(fields[0], self.nc, label, n, self.source, self.key)
+        segments = self.task in ("detect", "segment") and any(len(f) > 6 for _, f in rows)
+        for n, fields in rows:
+            why = self._row_problem(fields, segments)
+            if why:
+                return 0, f"{label.name} line {n}: {why}"
+        self.kinds.add("polygon" if segments else {"obb": "obb", "pose": "pose"}.get(self.task, "box") if rows else "")
+        return len(rows), None
+
+    def _row_problem(self, fields: list[str], segments: bool) -> str | None:
+        columns = {"obb": 9, "pose": 5 + self.kpts}.get(self.task, 5)
         if segments and len(fields) == 5:
-            return 0, f"{label.name} line {n}: a box row among polygon rows"
-        if not segments and len(fields) != 5:
-            return 0, f"{label.name} line {n}: {len(fields)} columns, a box needs 5 (class x y w h)"
+            return "a box row among polygon rows"
+        if not segments and len(fields) != columns:
+            return f"{len(fields)} columns; {self.task} labels have {columns} ({tasks.get(self.task).labels})"
         try:
             coords = [float(v) for v in fields[1:]]
         except ValueError:
-            return 0, f"{label.name} line {n}: coordinates that are not numbers"
+            return "coordinates that are not numbers"
+        if self.task == "pose" and self.kpt_dims == 3:  # a keypoint's third value is its visibility (0, 1, 2)
+            coords = coords[:4] + [v for i, v in enumerate(coords[4:]) if i % 3 != 2]
         if max(coords) > 1.01:
-            return 0, f"{label.name} line {n}: coordinates above 1 (YOLO labels are normalised to 0..1)"
-        if min(coords) < -0.01 or (not segments and min(coords[2:4]) < 0):
-            return 0, f"{label.name} line {n}: negative coordinates"
-    return len(rows), None
+            return "coordinates above 1 (YOLO labels are normalised to 0..1)"
+        if min(coords) < -0.01 or (self.task in ("detect", "pose") and not segments and min(coords[2:4]) < 0):
+            return "negative coordinates"
+        return None
+
+    def refuse_mismatch(self, split: Split) -> None:
+        """A segment model on box-only labels trains nothing of what it is for: refused, not silently wrong."""
+        if self.task == "segment" and "box" in self.kinds and "polygon" not in self.kinds:
+            raise ConfigError(
+                self.source, self.key,
+                "its labels are boxes (class x y w h); a segment model learns masks from polygon labels.",
+                "give polygon labels (class x1 y1 x2 y2 ...), or train a detection model (e.g. yolo11n.yaml).",
+            )  # fmt: skip
 
 
 def _check_class(text: str, nc: int, label: Path, line: int, source: str, key: str) -> None:

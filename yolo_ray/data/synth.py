@@ -39,6 +39,7 @@ class SynthSpec:
     seed: int = 0
     max_objects: int = 0
     style: str = "shapes"
+    task: str = "detect"  # detect, or segment / obb / pose / classify (task_synth.py: shapes style only)
 
     @property
     def val_images(self) -> int:
@@ -53,6 +54,8 @@ class SynthSpec:
         out = {"images": self.images, "imgsz": self.imgsz, "classes": self.classes, "seed": self.seed}
         if self.style != "shapes" or self.max_objects:  # sets generated before styles existed stay valid
             out.update(style=self.style, max_objects=self.objects_limit)
+        if self.task != "detect":
+            out["task"] = self.task
         return out
 
     def validate(self) -> None:
@@ -60,6 +63,13 @@ class SynthSpec:
             raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
         if not 1 <= self.classes <= len(SHAPES):
             raise ValueError(f"classes must be between 1 and {len(SHAPES)} (one per shape), got {self.classes}")
+        if self.task != "detect":
+            from yolo_ray.data.task_synth import MAX_CLASSES
+
+            if self.task not in MAX_CLASSES or self.style != "shapes":
+                raise ValueError(f"task {self.task!r}: one of {', '.join(MAX_CLASSES)}, in the shapes style")
+            if self.classes > MAX_CLASSES[self.task]:
+                raise ValueError(f"task {self.task}: classes must be at most {MAX_CLASSES[self.task]}")
         if self.images < 1 or self.imgsz < 32 or self.max_objects < 0:
             raise ValueError("images >= 1, imgsz >= 32 and max_objects >= 0 are required")
 
@@ -76,14 +86,27 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     return img
 
 
-def _polygon(cx: float, cy: float, r: float, n: int, phase: float, inner: float | None = None) -> np.ndarray:
+# the shapes drawn as polygons: (corners, phase, inner radius of a star's notches)
+POLYGONS = {
+    "triangle": (3, -math.pi / 2, None),
+    "diamond": (4, 0.0, None),
+    "hexagon": (6, 0.0, None),
+    "star": (5, -math.pi / 2, 0.45),
+}
+
+
+def polygon_points(cx: float, cy: float, r: float, n: int, phase: float, inner: float | None = None) -> np.ndarray:
     pts = []
     steps = n * 2 if inner else n
     for i in range(steps):
         rad = r if (inner is None or i % 2 == 0) else r * inner
         a = phase + 2 * math.pi * i / steps
         pts.append((cx + rad * math.cos(a), cy + rad * math.sin(a)))
-    return np.round(np.array(pts)).astype(np.int32)
+    return np.array(pts)
+
+
+def _polygon(cx: float, cy: float, r: float, n: int, phase: float, inner: float | None = None) -> np.ndarray:
+    return np.round(polygon_points(cx, cy, r, n, phase, inner)).astype(np.int32)
 
 
 def _draw(img: np.ndarray, shape: str, cx: float, cy: float, r: float, colour: tuple[int, ...]) -> None:
@@ -99,13 +122,7 @@ def _draw(img: np.ndarray, shape: str, cx: float, cy: float, r: float, colour: t
         cv2.rectangle(img, (c[0] - ri, c[1] - w), (c[0] + ri, c[1] + w), colour, -1)
         cv2.rectangle(img, (c[0] - w, c[1] - ri), (c[0] + w, c[1] + ri), colour, -1)
     else:
-        n, phase, inner = {
-            "triangle": (3, -math.pi / 2, None),
-            "diamond": (4, 0.0, None),
-            "hexagon": (6, 0.0, None),
-            "star": (5, -math.pi / 2, 0.45),
-        }[shape]
-        cv2.fillPoly(img, [_polygon(cx, cy, r, n, phase, inner)], colour, cv2.LINE_AA)
+        cv2.fillPoly(img, [_polygon(cx, cy, r, *POLYGONS[shape])], colour, cv2.LINE_AA)
 
 
 def _box(shape: str, cx: float, cy: float, r: float) -> tuple[float, float, float, float]:
@@ -150,6 +167,17 @@ def make_image(
 def _write_chunk(args: tuple[SynthSpec, str, int, int, int]) -> int:
     spec, split_dir, split_seed, start, stop = args
     root = Path(split_dir)
+    if spec.task != "detect":
+        from yolo_ray.data import task_synth
+
+        if spec.task == "classify":
+            task_synth.write_classify(root, spec, split_seed, start, stop)
+            return stop - start
+        for i in range(start, stop):
+            img, rows = task_synth.make_image(spec, i, split_seed)
+            cv2.imwrite(str(root / "images" / f"{i:06d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 92])
+            (root / "labels" / f"{i:06d}.txt").write_text("".join(f"{r}\n" for r in rows))
+        return stop - start
     for i in range(start, stop):
         img, labels = make_image(spec, i, split_seed)
         suffix, params = ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 92]
@@ -169,8 +197,13 @@ def generate(out_dir: str | os.PathLike, spec: SynthSpec, processes: int | None 
     out = Path(out_dir).resolve()
     processes = processes or min(32, os.cpu_count() or 1)
     jobs = []
+    subdirs = ("images", "labels")
+    if spec.task == "classify":  # Ultralytics' classification layout: a folder per class
+        from yolo_ray.data.task_synth import class_names
+
+        subdirs = tuple(class_names("classify", spec.classes).values())
     for split, count, split_seed in (("train", spec.images, 1), ("val", spec.val_images, 2)):
-        for sub in ("images", "labels"):
+        for sub in subdirs:
             (out / split / sub).mkdir(parents=True, exist_ok=True)
         chunk = max(1, math.ceil(count / (processes * 4)))
         jobs += [(spec, str(out / split), split_seed, s, min(s + chunk, count)) for s in range(0, count, chunk)]
@@ -188,6 +221,14 @@ def generate(out_dir: str | os.PathLike, spec: SynthSpec, processes: int | None 
         "names": {i: SHAPES[i] for i in range(spec.classes)},
         "synthetic": spec.record(),
     }
+    if spec.task != "detect":
+        from yolo_ray.data import task_synth
+
+        data["names"] = task_synth.class_names(spec.task, spec.classes)
+        if spec.task == "pose":
+            data.update(kpt_shape=task_synth.KPT_SHAPE, flip_idx=task_synth.FLIP_IDX)
+        if spec.task == "classify":  # the dataset is the folder (data.yaml only records the spec, for ensure())
+            data.update(train="train", val="val")
     data_yaml.write_text(yaml.safe_dump(data, sort_keys=False))
     return data_yaml
 
@@ -203,3 +244,9 @@ def ensure(out_dir: str | os.PathLike, spec: SynthSpec) -> Path:
             for split in ("train", "val"):
                 shutil.rmtree(data_yaml.parent / split, ignore_errors=True)
     return generate(out_dir, spec)
+
+
+def dataset_path(data_yaml: Path, task: str) -> Path:
+    """What a run's data.path is for a generated set: its data.yaml, or for classify its folder (Ultralytics'
+    classification datasets are folders)."""
+    return data_yaml.parent if task == "classify" else data_yaml
