@@ -207,3 +207,19 @@ def test_history_is_written_back_as_of_the_checkpoint_resumed_from(tmp_path: Pat
     (ckpt / "meta.json").write_text(json.dumps({"epoch": 2, "metrics": {"epoch": 2, "mAP50": 0.2}}))
     reconcile_history(run_dir, ckpt)
     assert [(h["epoch"], h["mAP50"]) for h in read_history(run_dir)] == [(1, 0.1), (2, 0.2)]
+
+
+def test_a_torn_ray_snapshot_is_removed_before_a_resume(tmp_path: Path) -> None:
+    """A driver SIGKILLed while Ray Train rewrote checkpoint_manager_snapshot.json left it empty, and the resumed
+    sweep trial's controller refused to start (seen in CI); the torn file goes, a whole one stays."""
+    from yolo_ray.launcher import RAY_SNAPSHOT, drop_torn_ray_snapshot
+
+    snapshot = tmp_path / RAY_SNAPSHOT
+    drop_torn_ray_snapshot(tmp_path)  # none: nothing to do
+    snapshot.write_text('{"checkpoint_results": []}')
+    drop_torn_ray_snapshot(tmp_path)
+    assert snapshot.exists()
+    for torn in ("", '{"checkpoint_res'):
+        snapshot.write_text(torn)
+        drop_torn_ray_snapshot(tmp_path)
+        assert not snapshot.exists()

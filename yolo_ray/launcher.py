@@ -154,6 +154,7 @@ def _fit(
         flush=True,
     )
 
+    drop_torn_ray_snapshot(run_dir)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -221,6 +222,23 @@ def _fit(
         flush=True,
     )
     return summary
+
+
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the run's registered checkpoints
+
+
+def drop_torn_ray_snapshot(run_dir: Path) -> None:
+    """A driver killed while Ray Train rewrote its checkpoint snapshot leaves it empty or cut short, and Ray's
+    controller then refuses to start (CheckpointManagerInitializationError). The checkpoints themselves are intact
+    and the workers find the newest by its meta.json (worker.resume_point), so a torn snapshot is removed."""
+    snapshot = run_dir / RAY_SNAPSHOT
+    try:
+        json.loads(snapshot.read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        print(f"[yolo_ray] {snapshot} is torn (a driver killed mid-write): removed; resuming from the checkpoints")
+        snapshot.unlink(missing_ok=True)
 
 
 def _say_exported(run_dir: Path, started: float) -> None:
