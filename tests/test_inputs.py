@@ -205,7 +205,7 @@ def test_unusable_is_what_ultralytics_drops(base: Path, tmp_path: Path) -> None:
 
     data = variant(base, tmp_path, more_mess)
     split = checks.Split(checks.split_images(data, "train"))
-    checks._scan(split, checks.LabelRule(3, "detect", 0, "test", "data.path"))
+    checks._scan(split, checks.LabelRule(3, "detect", "test", "data.path"))
     ours = sorted(Path(f).name for f, _ in split.unusable)
     labels = img2label_paths(split.images)
     theirs = sorted(

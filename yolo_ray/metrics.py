@@ -58,9 +58,19 @@ def epoch_metrics(trainer: Any, train_seconds: float, resumed_from: int | None) 
 
 def final_metrics(trainer: Any) -> dict[str, Any]:
     """Metrics of the final validation of best.pt (rank 0, after training)."""
-    names = {int(k): str(v) for k, v in trainer.data["names"].items()}
-    final = {"epochs_completed": trainer.epoch + 1, **clean(trainer.metrics or {}), "names": names}
-    return {**final, "task": trainer.args.task, "headline": tasks.get(trainer.args.task).headline}
+    return final_record(trainer.epoch + 1, trainer.metrics or {}, trainer.data["names"], trainer.args.task)
+
+
+def final_record(epochs: int, results: dict[str, Any], names: dict, task: str) -> dict[str, Any]:
+    """final_metrics.json: the validation of best.pt after `epochs`, with its task and that task's headline key."""
+    names = {int(k): str(v) for k, v in names.items()}
+    return {
+        "epochs_completed": epochs,
+        **clean(results),
+        "names": names,
+        "task": task,
+        "headline": tasks.get(task).headline,
+    }
 
 
 def _peak_gpu_gib(trainer: Any) -> float:

@@ -62,7 +62,7 @@ def _model_version(client, model_uri: str):
 
 def _score(version) -> float:
     """The version's headline score (its task's: mAP50-95, mask_mAP50-95, pose_mAP50-95 or top1)."""
-    return float(version.tags.get(version.tags.get("headline", "mAP50-95"), "nan"))
+    return float(version.tags.get(_headline(version), "nan"))
 
 
 def _headline(version) -> str:

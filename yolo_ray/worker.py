@@ -22,10 +22,10 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from yolo_ray import batch_plan, faults, tasks, user_callbacks
+from yolo_ray import batch_plan, faults, user_callbacks
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
-from yolo_ray.metrics import clean, epoch_metrics, final_metrics
+from yolo_ray.metrics import epoch_metrics, final_metrics, final_record
 from yolo_ray.progress import ProgressWriter
 from yolo_ray.summary import append_history, read_history, write_history
 
@@ -144,10 +144,7 @@ def finish_trained_run(
         )
     if rank != 0:
         return
-    names = {int(k): str(v) for k, v in metrics.names.items()}
-    task = overrides.get("task", "detect")
-    final = {"epochs_completed": epochs, **clean(metrics.results_dict), "names": names, "task": task}
-    final["headline"] = tasks.get(task).headline
+    final = final_record(epochs, metrics.results_dict, metrics.names, overrides.get("task", "detect"))
     (run_dir / "final_metrics.json").write_text(json.dumps(final, indent=2))
     if config.get("export"):
         from yolo_ray.data.checks import split_images

@@ -118,11 +118,10 @@ def check(data_yaml: Path, cfg: ExperimentConfig, task: str = "detect") -> Datas
     source, key = cfg.source, f"data.path ({data_yaml})"
     _load_yaml(data_yaml, source)
     data = _resolved(data_yaml, source, key)
-    kpts = _kpt_columns(data, task, source, key)
-    dims = int(data["kpt_shape"][1]) if task == "pose" else 3
+    kpt_shape = _kpt_shape(data, task, source, key)
     splits = {name: Split(_images(data[name], source, key, name)) for name in SPLITS}
     for name, split in splits.items():
-        _scan(split, LabelRule(len(data["names"]), task, kpts, source, key, dims))
+        _scan(split, LabelRule(len(data["names"]), task, source, key, kpt_shape))
         _refuse_unusable(split, name, cfg, key)
     if not splits["val"].labelled:
         raise ConfigError(
@@ -134,17 +133,17 @@ def check(data_yaml: Path, cfg: ExperimentConfig, task: str = "detect") -> Datas
     return Dataset(data_yaml.resolve(), data, splits, task)
 
 
-def _kpt_columns(data: dict[str, Any], task: str, source: str, key: str) -> int:
-    """The keypoint columns a pose label row has after its box (kpt_shape's product); 0 for other tasks."""
+def _kpt_shape(data: dict[str, Any], task: str, source: str, key: str) -> tuple[int, int]:
+    """A pose dataset's (keypoints, values a keypoint); (0, 3) for other tasks."""
     if task != "pose":
-        return 0
+        return 0, 3
     shape = data.get("kpt_shape")
     if not (isinstance(shape, list) and len(shape) == 2 and shape[1] in (2, 3) and shape[0] >= 1):
         raise ConfigError(
             source, key, f"has kpt_shape {shape!r}; a pose model needs `kpt_shape: [keypoints, 2 or 3]`.",
             "add kpt_shape (e.g. [17, 3] for COCO's keypoints) and flip_idx to the data.yaml.",
         )  # fmt: skip
-    return int(shape[0]) * int(shape[1])
+    return int(shape[0]), int(shape[1])
 
 
 def check_classify(folder: Path, cfg: ExperimentConfig) -> Dataset:
@@ -327,11 +326,10 @@ class LabelRule:
 
     nc: int
     task: str
-    kpts: int  # pose: keypoint columns after the box
     source: str
     key: str
-    kpt_dims: int = 3  # pose: 2 (x y) or 3 (x y visible) values a keypoint
-    kinds: set[str] = field(default_factory=set)  # the row kinds seen: box, polygon, obb, pose
+    kpt_shape: tuple[int, int] = (0, 3)  # pose: keypoints, and 2 (x y) or 3 (x y visible) values each
+    kinds: set[str] = field(default_factory=set)  # the rows seen in a split: box, polygon
 
     def rows(self, label: Path) -> tuple[int, str | None]:
         """(objects, why the label would be dropped)."""
@@ -346,11 +344,12 @@ class LabelRule:
             why = self._row_problem(fields, segments)
             if why:
                 return 0, f"{label.name} line {n}: {why}"
-        self.kinds.add("polygon" if segments else {"obb": "obb", "pose": "pose"}.get(self.task, "box") if rows else "")
+        if rows:
+            self.kinds.add("polygon" if segments else "box")
         return len(rows), None
 
     def _row_problem(self, fields: list[str], segments: bool) -> str | None:
-        columns = {"obb": 9, "pose": 5 + self.kpts}.get(self.task, 5)
+        columns = {"obb": 9, "pose": 5 + self.kpt_shape[0] * self.kpt_shape[1]}.get(self.task, 5)
         if segments and len(fields) == 5:
             return "a box row among polygon rows"
         if not segments and len(fields) != columns:
@@ -359,7 +358,7 @@ class LabelRule:
             coords = [float(v) for v in fields[1:]]
         except ValueError:
             return "coordinates that are not numbers"
-        if self.task == "pose" and self.kpt_dims == 3:  # a keypoint's third value is its visibility (0, 1, 2)
+        if self.task == "pose" and self.kpt_shape[1] == 3:  # a keypoint's third value is its visibility (0, 1, 2)
             coords = coords[:4] + [v for i, v in enumerate(coords[4:]) if i % 3 != 2]
         if max(coords) > 1.01:
             return "coordinates above 1 (YOLO labels are normalised to 0..1)"
