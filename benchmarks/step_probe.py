@@ -25,7 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 
 
 def make_cache(n: int, s: int, dev: torch.device):
-    from yolo_ray.data.device_loader import DeviceCache
+    from yolo_ray.data.device_loader import DeviceCache, Labels
 
     g = torch.Generator(device="cpu").manual_seed(0)
     images = torch.randint(0, 255, (n, s, s, 3), dtype=torch.uint8, generator=g).to(dev)
@@ -37,7 +37,7 @@ def make_cache(n: int, s: int, dev: torch.device):
     boxes = torch.cat([xy, torch.minimum(xy + wh, hw[:, None, [1, 0]])], -1)
     cls = torch.randint(0, 3, (n, k), generator=g).float()
     valid = torch.ones(n, k, dtype=torch.bool)
-    return DeviceCache(images, hw.to(dev), boxes.to(dev), cls.to(dev), valid.to(dev))
+    return DeviceCache(images, hw.to(dev), Labels(boxes, cls, valid, None).to(dev))
 
 
 def sync(dev: torch.device) -> None:

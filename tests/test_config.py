@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO, small_data, yolo_ray
+from conftest import REPO, SharedRay, small_data, yolo_ray
 
 from yolo_ray import config
 from yolo_ray.config import ConfigError
@@ -114,7 +114,7 @@ def test_cli_missing_weights(tmp_path: Path) -> None:
     _assert_clean_error(yolo_ray("train", "model=/nonexistent/best.pt", cwd=tmp_path), "model", "nothing is downloaded")
 
 
-def test_cli_more_workers_than_the_cluster_can_give(shapes_small: Path, tmp_path: Path) -> None:
+def test_cli_more_workers_than_the_cluster_can_give(shapes_small: Path, tmp_path: Path, shared_ray: SharedRay) -> None:
     proc = yolo_ray(
         "train",
         *small_data(shapes_small),
@@ -122,16 +122,17 @@ def test_cli_more_workers_than_the_cluster_can_give(shapes_small: Path, tmp_path
         "train.batch=64",
         f"run.storage_path={tmp_path}",
         cwd=tmp_path,
+        env=shared_ray.env(),
     )
     _assert_clean_error(proc, "scaling.num_workers", "64 workers", "can never be placed")
     assert not (tmp_path / "smoke" / "ranks").exists()  # no worker ever started
 
 
-def test_cli_cuda_graphs_on_a_cpu_only_cluster(shapes_small: Path, tmp_path: Path) -> None:
+def test_cli_cuda_graphs_on_a_cpu_only_cluster(shapes_small: Path, tmp_path: Path, shared_ray: SharedRay) -> None:
     """scaling.use_gpu: auto resolves to CPUs here: graphs are refused once Ray says so, before any worker starts."""
     # the small set's own spec: another would regenerate it in place under every later test that uses it
     args = [*small_data(shapes_small), "train.cuda_graphs=true", f"run.storage_path={tmp_path}"]
-    proc = yolo_ray("train", *args, cwd=tmp_path)
+    proc = yolo_ray("train", *args, cwd=tmp_path, env=shared_ray.env())
     _assert_clean_error(proc, "train.cuda_graphs", "trains on CPUs")
     assert not (tmp_path / "smoke" / "ranks").exists()
 

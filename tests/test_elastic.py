@@ -32,7 +32,7 @@ from conftest import (
 from yolo_ray import batch_plan
 
 START_TIMEOUT_S = 15
-EPOCHS = 20  # on the small set: ~1.3 s an epoch here, time for the cluster to change mid-run
+EPOCHS = 12  # on the small set: ~1.3 s an epoch here, time for the cluster to change mid-run and to train on after
 
 
 @pytest.fixture

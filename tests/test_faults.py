@@ -64,22 +64,40 @@ def test_a_stopped_run_asked_for_more_epochs_is_refused(rerun_after_failure: Rer
     assert "train.epochs" in text and "new run.name" in text and "[yolo_ray] ray:" not in longer.stdout
 
 
-def test_killed_driver_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> None:
+def test_a_killed_driver_leaves_no_ray_behind_and_resumes_on_rerun(shapes_small: Path, tmp_path: Path) -> None:
+    """`kill -9` of the driver alone (as a user or an OOM killer does): its private local Ray goes with it, the
+    dashboard and runtime-env agents too (they outlived Ray's own reaper by minutes, ignoring SIGTERM); the same
+    command then resumes from the newest checkpoint on storage."""
+    import psutil
+
     args = small_run(shapes_small, tmp_path, "killed", f"train.epochs={EPOCHS}")
     cmd = [sys.executable, "-m", "yolo_ray", "train", *args]
+    history = tmp_path / "killed" / "history.jsonl"
     with open(tmp_path / "first.log", "w") as log:
         driver = subprocess.Popen(
             cmd, cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        history = tmp_path / "killed" / "history.jsonl"
-        deadline = time.time() + 600
-        while time.time() < deadline and driver.poll() is None:
-            if history.exists() and len(read_jsonl(history)) >= 2:
-                break
-            time.sleep(0.5)
-        assert driver.poll() is None, "the driver ended before it could be killed"
-        kill_tree(driver.pid)  # the driver and the local Ray it started die together
-        driver.wait()
+        try:
+            deadline = time.time() + 600
+            while time.time() < deadline and driver.poll() is None:
+                if history.exists() and len(read_jsonl(history)) >= 2:
+                    break
+                time.sleep(0.5)
+            ray_processes = psutil.Process(driver.pid).children(recursive=True)
+            names = {p.pid: p.name() for p in ray_processes}
+            assert driver.poll() is None and any("raylet" in n for n in names.values()), names
+            os.kill(driver.pid, signal.SIGKILL)
+            driver.wait()
+        finally:
+            if driver.poll() is None:
+                kill_tree(driver.pid)
+    left = ray_processes
+    for _ in range(60):  # Ray's reaper, then yolo_ray's after its grace
+        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, [names[p.pid] for p in left]
     killed_at = max(h["epoch"] for h in read_jsonl(history))
     resumed = yolo_ray("train", *args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-5000:]
@@ -161,39 +179,6 @@ def test_killed_after_its_last_checkpoint_a_run_is_finished_once(
     assert len(versions) == 1 and client.get_run(versions[0].run_id).info.status == "FINISHED"
 
 
-def test_a_killed_driver_leaves_no_ray_behind(shapes_small: Path, tmp_path: Path) -> None:
-    """`kill -9` of a driver (only the driver, as a user or an OOM killer does): its private local Ray goes with it,
-    the dashboard and runtime-env agents too (they outlived Ray's own reaper by minutes, ignoring SIGTERM)."""
-    import psutil
-
-    args = small_run(shapes_small, tmp_path, "orphans", "train.epochs=30")
-    history = tmp_path / "orphans" / "history.jsonl"
-    with open(tmp_path / "driver.log", "w") as log:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "yolo_ray", "train", *args], cwd=tmp_path, env=ENV, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        try:
-            deadline = time.time() + 600
-            while time.time() < deadline and driver.poll() is None and not history.exists():
-                time.sleep(0.5)
-            ray_processes = psutil.Process(driver.pid).children(recursive=True)
-            names = {p.pid: p.name() for p in ray_processes}
-            assert driver.poll() is None and any("raylet" in n for n in names.values()), names
-            os.kill(driver.pid, signal.SIGKILL)
-            driver.wait()
-        finally:
-            if driver.poll() is None:
-                kill_tree(driver.pid)
-    left = ray_processes
-    for _ in range(60):  # Ray's reaper, then yolo_ray's after its grace
-        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        if not left:
-            break
-        time.sleep(0.5)
-    assert not left, [names[p.pid] for p in left]
-
-
 def test_history_is_written_back_as_of_the_checkpoint_resumed_from(tmp_path: Path) -> None:
     """A resumed attempt trains again every epoch after its checkpoint: their old lines go, and a line missing for the
     checkpoint's own epoch (killed between persisting it and writing the line) comes from the checkpoint, so the
@@ -223,3 +208,33 @@ def test_a_torn_ray_snapshot_is_removed_before_a_resume(tmp_path: Path) -> None:
         snapshot.write_text(torn)
         drop_torn_ray_snapshot(tmp_path)
         assert not snapshot.exists()
+
+
+def test_a_kill_while_final_eval_strips_leaves_a_loadable_best(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ultralytics' final_eval rewrote best.pt in place to strip the optimizer; a driver killed mid-write left it
+    truncated and the re-run that finishes the run could not load it (seen in CI). The write is now staged and
+    renamed: interrupted, the old best.pt loads; completed, the stripped one replaces it."""
+    import torch
+    import ultralytics.engine.trainer as engine
+    from ultralytics.nn.tasks import DetectionModel, torch_safe_load
+
+    from yolo_ray.trainer import _atomic_strip
+
+    best = tmp_path / "best.pt"
+    model = DetectionModel("yolo11n.yaml", nc=1, verbose=False)
+    torch.save({"model": model, "ema": None, "optimizer": {"state": {}}, "train_args": {}}, best)
+    saved = torch.save
+
+    def killed_mid_write(obj: object, f: str) -> None:
+        Path(f).write_bytes(b"PK\x03\x04 half a zip")  # what a SIGKILL during torch.save leaves
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt), _atomic_strip():
+        engine.strip_optimizer(best)
+    monkeypatch.setattr(torch, "save", saved)
+    assert torch_safe_load(str(best))[0]["optimizer"] == {"state": {}}  # the old file, whole
+    with _atomic_strip():
+        engine.strip_optimizer(best)
+    assert torch_safe_load(str(best))[0]["optimizer"] is None  # stripped, in place
+    assert engine.strip_optimizer.__module__ == "ultralytics.utils.torch_utils"  # unpatched after

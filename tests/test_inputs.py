@@ -89,7 +89,7 @@ SETTINGS = [
     (["tracking.alias=v1", "tracking.enabled=true"], "tracking.alias", "reserved"),
     (["tracking.alias=latest", "tracking.enabled=true"], "tracking.alias", "reserved"),
     (["task=segment"], "task", "is segment, but the model yolo11n.yaml is a detect model"),
-    (["model=yolo11n-seg.yaml", "data.loader=device"], "data.loader", "moves boxes only"),
+    (["model=yolo11n-seg.yaml", "data.loader=device"], "data.loader", "moves boxes and keypoints only"),
     (["model=yolo11n-pose.yaml", "train.cuda_graphs=true"], "train.cuda_graphs", "detection only"),
     (["data.max_bad_fraction=2"], "data.max_bad_fraction", "between 0 and 1"),
 ]
@@ -273,3 +273,14 @@ def test_a_dataset_of_another_task_is_refused(
 ) -> None:
     for text in both(capsys, tmp_path, f"data.path={base / 'data.yaml'}", f"model={model}", "data.max_bad_fraction=0"):
         assert "data.path" in text and words in text, text
+
+
+def test_a_pose_dataset_with_a_bad_flip_idx_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """flip_idx must name each keypoint once: Ultralytics checks only its length, and only once training starts."""
+    from yolo_ray.data.synth import SynthSpec, generate
+
+    data_yaml = generate(tmp_path / "pose", SynthSpec(images=16, imgsz=64, classes=1, task="pose"))
+    spec = yaml.safe_load(data_yaml.read_text())
+    data_yaml.write_text(yaml.safe_dump({**spec, "flip_idx": [0, 0, 3, 2]}))
+    for text in both(capsys, tmp_path, f"data.path={data_yaml}", "model=yolo11n-pose.yaml", "data.loader=device"):
+        assert "data.path" in text and "flip_idx [0, 0, 3, 2]" in text and "each of the 4 keypoints once" in text

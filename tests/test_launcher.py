@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ENV, LEARN_EPOCHS, REPO, STAGING_PREFIX, read_jsonl, small_run, yolo_ray
+from conftest import ENV, LEARN_EPOCHS, REPO, STAGING_PREFIX, SharedRay, read_jsonl, small_run, yolo_ray
 
 
 def _ranks(run_dir: Path) -> list[dict]:
@@ -128,7 +128,9 @@ def test_it_learns(ddp_run: Path) -> None:
 PARITY_TOLERANCE = 0.12
 
 
-def _smoke_run(tmp_path: Path, shapes: Path, name: str, *overrides: str, flags: tuple[str, ...] = ()) -> Path:
+def _smoke_run(
+    tmp_path: Path, shapes: Path, name: str, *overrides: str, flags: tuple[str, ...] = (), env: dict | None = None
+) -> Path:
     """The shipped smoke experiment as the learning run trains it (same data and epochs), with `flags` and
     `overrides`; returns its run directory."""
     proc = yolo_ray(
@@ -141,6 +143,7 @@ def _smoke_run(tmp_path: Path, shapes: Path, name: str, *overrides: str, flags: 
         f"run.name={name}",
         *overrides,
         cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
     return tmp_path / name
@@ -158,11 +161,15 @@ def test_parity_with_plain_ultralytics(ddp_run: Path, shapes: Path, tmp_path: Pa
     assert ours["mAP50-95"] >= native["mAP50-95"] - PARITY_TOLERANCE
 
 
-def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
+def test_device_loader_learns_like_ultralytics_loader(
+    ddp_run: Path, shapes: Path, tmp_path: Path, shared_ray: SharedRay
+) -> None:
     """data.loader=device (decode once, batched augmentation on the training device) trains the same experiment
     as well as Ultralytics' own loader does: same epochs, workers, batch and schedule (measured on this machine,
     mAP50-95: 0.679 vs 0.704 after 20 epochs, 0.789 vs 0.698 after 30)."""
-    run_dir = _smoke_run(tmp_path, shapes, "device", "data.loader=device", "tracking.enabled=false")
+    run_dir = _smoke_run(
+        tmp_path, shapes, "device", "data.loader=device", "tracking.enabled=false", env=shared_ray.env()
+    )
     assert [r["cached_images"] for r in _ranks(run_dir)] == [384, 384]  # auto: a full copy fits
     _trained_and_learned(run_dir, LEARN_EPOCHS)
     ours = json.loads((run_dir / "summary.json").read_text())["final"]
@@ -242,7 +249,7 @@ def run_in_pty(args: list[str], cwd: Path, timeout: float = 600) -> tuple[int, s
     return proc.wait(60), out.decode(errors="replace")
 
 
-def test_a_dataset_with_relative_paths_trains(shapes_small: Path, tmp_path: Path) -> None:
+def test_a_dataset_with_relative_paths_trains(shapes_small: Path, tmp_path: Path, shared_ray: SharedRay) -> None:
     """A data.yaml with `path: .`, a train list of lines relative to the working directory and a symlinked nested
     val folder passed `yolo-ray check` and failed in the workers (which run in Ray's session directory): the driver
     resolves them as Ultralytics would from the user's directory, and the run trains."""
@@ -257,7 +264,7 @@ def test_a_dataset_with_relative_paths_trains(shapes_small: Path, tmp_path: Path
     (root / "data.yaml").write_text("path: .\ntrain: train.txt\nval: val/images\nnames: [circle, square, triangle]\n")
     args = small_run(shapes_small, tmp_path, "relative", "train.epochs=1")
     args = [a for a in args if not a.startswith("data.")] + ["data.path=data.yaml"]
-    proc = yolo_ray("train", *args, cwd=root)
+    proc = yolo_ray("train", *args, cwd=root, env=shared_ray.env())
     assert proc.returncode == 0, proc.stdout[-5000:]
     assert [h["epoch"] for h in read_jsonl(tmp_path / "relative" / "history.jsonl")] == [1]
     ranks = _ranks(tmp_path / "relative")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ENV, REPO, MlflowServer, kill_tree, small_data, yolo_ray
+from conftest import ENV, REPO, MlflowServer, SharedRay, kill_tree, small_data, yolo_ray
 from mlflow import MlflowClient
 
 from yolo_ray import config, sweep
@@ -26,7 +26,7 @@ def _sweep_args(shapes_small: Path, storage: Path, name: str, *extra: str) -> li
     return [
         str(SWEEP),
         *small_data(shapes_small),
-        "train.epochs=4",
+        "train.epochs=3",
         "train.close_mosaic=0",
         "train.warmup_epochs=1",
         "tune.metric=val/box_loss",
@@ -44,11 +44,12 @@ def _sweep_args(shapes_small: Path, storage: Path, name: str, *extra: str) -> li
 
 
 @pytest.fixture(scope="module")
-def finished_sweep(shapes_small: Path, mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def finished_sweep(
+    shapes_small: Path, mlflow_server: MlflowServer, shared_ray: SharedRay, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     storage = tmp_path_factory.mktemp("sweep")
-    proc = yolo_ray(
-        "tune", *_sweep_args(shapes_small, storage, "asha", f"tracking.uri={mlflow_server.uri}"), cwd=storage
-    )
+    args = _sweep_args(shapes_small, storage, "asha", f"tracking.uri={mlflow_server.uri}")
+    proc = yolo_ray("tune", *args, cwd=storage, env=shared_ray.env())
     assert proc.returncode == 0, proc.stdout[-6000:]
     return storage / "asha"
 
@@ -58,7 +59,7 @@ def test_asha_stops_weak_trials_and_best_is_best(finished_sweep: Path) -> None:
     trials = out["trials"]
     assert len(trials) == 6 and len({t["trial_id"] for t in trials}) == 6
     assert all(t["status"] in ("completed", "stopped early") for t in trials)
-    assert any(t["status"] == "stopped early" and t["epochs"] < 4 for t in trials), "ASHA stopped no trial"
+    assert any(t["status"] == "stopped early" and t["epochs"] < 3 for t in trials), "ASHA stopped no trial"
     assert all(t["epochs"] >= 1 for t in trials)  # every trial reported per epoch
     best = out["best"]
     assert best["best"] == min(t["best"] for t in trials)  # mode=min
@@ -68,7 +69,7 @@ def test_asha_stops_weak_trials_and_best_is_best(finished_sweep: Path) -> None:
     assert len(rows) == 7 and "train.lr0" in rows[0]
 
 
-def test_best_config_trains_again(finished_sweep: Path, tmp_path: Path) -> None:
+def test_best_config_trains_again(finished_sweep: Path, tmp_path: Path, shared_ray: SharedRay) -> None:
     best_yaml = finished_sweep / "best.yaml"
     best = yaml.safe_load(best_yaml.read_text())
     out = json.loads((finished_sweep / "sweep.json").read_text())["best"]
@@ -81,6 +82,7 @@ def test_best_config_trains_again(finished_sweep: Path, tmp_path: Path) -> None:
         "tracking.enabled=false",
         f"run.storage_path={tmp_path}",
         cwd=tmp_path,
+        env=shared_ray.env(),
     )
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert json.loads((tmp_path / best["run"]["name"] / "summary.json").read_text())["status"] == "finished"
@@ -105,6 +107,38 @@ def test_mlflow_parent_with_one_child_per_trial(finished_sweep: Path, mlflow_ser
     assert parent[0].data.tags["best_trial"] == out["best"]["trial_id"]
     artifacts = {a.path for a in client.list_artifacts(pid)} | {a.path for a in client.list_artifacts(pid, "plots")}
     assert {"trials.csv", "best.yaml", "plots/learning_curves.png", "plots/val_box_loss_vs_train_lr0.png"} <= artifacts
+
+
+def test_a_pose_sweep_is_scheduled_on_its_keypoint_metric(tmp_path: Path, shared_ray: SharedRay) -> None:
+    """Tune's metric may be any task's: ASHA on pose mAP, named as Ultralytics names it (`metrics/mAP50-95(P)`),
+    every trial reporting it each epoch (a metric a trial never reported fails the trial in Tune)."""
+    args = [
+        str(SWEEP),
+        "model=yolo11n-pose.yaml",
+        f"data.dir={tmp_path / 'pose'}",
+        "data.synthetic.images=64",
+        "data.synthetic.imgsz=64",
+        "data.synthetic.classes=1",
+        "train.imgsz=64",
+        "train.epochs=2",
+        "train.close_mosaic=0",
+        "tune.metric=metrics/mAP50-95(P)",
+        "tune.num_samples=2",
+        "tune.grace_period=1",
+        "tune.search=random",
+        "tune.space={train.lr0: {loguniform: [0.001, 0.05]}}",
+        "tracking.enabled=false",
+        f"run.storage_path={tmp_path}",
+        "run.name=pose-sweep",
+    ]
+    proc = yolo_ray("tune", *args, cwd=tmp_path, env=shared_ray.env())
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    out = json.loads((tmp_path / "pose-sweep" / "sweep.json").read_text())
+    assert out["metric"] == "pose_mAP50-95" and len(out["trials"]) == 2
+    for trial in out["trials"]:
+        assert trial["epochs"] >= 1 and trial["status"] in ("completed", "stopped early"), trial
+        assert all(isinstance(h["pose_mAP50-95"], float) for h in trial["history"]), trial["history"]
+    assert out["best"]["best"] == max(t["best"] for t in out["trials"])
 
 
 def test_bad_search_spaces_fail_before_any_trial(tmp_path: Path) -> None:
@@ -170,10 +204,10 @@ def test_killed_sweep_resumes_each_trial_once(shapes_small: Path, tmp_path: Path
     assert "resuming sweep" in proc.stdout
     out = json.loads((tmp_path / "resumable" / "sweep.json").read_text())
     assert len(out["trials"]) == 3 and len({t["trial_id"] for t in out["trials"]}) == 3
-    assert all(t["status"] == "completed" and t["epochs"] == 4 for t in out["trials"])
+    assert all(t["status"] == "completed" and t["epochs"] == 3 for t in out["trials"])
     for history in trials.glob("*/history.jsonl"):  # each epoch of each trial trained and counted once
         epochs = [json.loads(line)["epoch"] for line in history.read_text().splitlines()]
-        assert epochs == [1, 2, 3, 4]
+        assert epochs == [1, 2, 3]
 
 
 def test_elastic_trials_are_counted_at_their_least(monkeypatch: pytest.MonkeyPatch) -> None:

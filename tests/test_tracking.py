@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,12 +18,12 @@ import mlflow
 import numpy as np
 import pytest
 from conftest import (
-    ENV,
     LEARN_EPOCHS,
     MODEL_NAME,
     RERUN_EPOCHS,
     MlflowServer,
     Rerun,
+    SharedRay,
     free_port,
     read_jsonl,
     small_run,
@@ -199,7 +201,7 @@ def test_server_down_at_start_is_a_clear_error(tmp_path: Path) -> None:
 EPOCHS = 7
 
 
-def test_outage_and_worker_restart_lose_nothing(shapes_small: Path, tmp_path: Path) -> None:
+def test_outage_and_worker_restart_lose_nothing(shapes_small: Path, tmp_path: Path, shared_ray: SharedRay) -> None:
     """The server dies after epoch 2 and comes back after epoch 4; a worker fails after epoch 3 and restarts."""
     server = MlflowServer(tmp_path / "mlflow")
     server.root.mkdir()
@@ -217,7 +219,11 @@ def test_outage_and_worker_restart_lose_nothing(shapes_small: Path, tmp_path: Pa
     history = tmp_path / "outage" / "history.jsonl"
     log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen(
-        [sys.executable, "-m", "yolo_ray", "train", *args], cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "yolo_ray", "train", *args],
+        cwd=tmp_path,
+        env=shared_ray.env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         _wait_for(lambda: history.exists() and len(read_jsonl(history)) >= 2, driver)
@@ -328,3 +334,57 @@ def test_a_refused_registration_is_not_retried_and_adds_no_version(
     again = tracking.Tracker(cfg, copy, mlflow_server.uri).finish("finished")
     assert again["model"]["version"] == state["model_version"] and not again.get("pending"), again
     assert sorted(v.version for v in client.search_model_versions(f"name = '{MODEL_NAME}'")) == before
+
+
+class StallingProxy:
+    """A TCP proxy in front of a real MLflow server that holds the first `create run` request past the client's
+    timeout before passing it on: the server creates the run, the client never hears of it (a server slow under
+    load)."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port, self.stalled = upstream_port, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.uri = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self.listener.accept()
+            server = socket.create_connection(("127.0.0.1", self.upstream_port))
+            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        try:
+            while chunk := src.recv(65536):
+                if requests and b"/runs/create" in chunk and not self.stalled:
+                    self.stalled += 1
+                    time.sleep(4)  # the client gave up after 2 s
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+
+def test_a_run_created_unanswered_is_found_not_created_twice(
+    mlflow_server: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracking server too slow to answer `create run` (seen under CI's load: a 10 s read timeout ended a run with a
+    traceback before it trained): the request is tried again, and the run the server did create is the one used."""
+    from yolo_ray.ray_cluster import Scaling
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setattr(tracking, "START_WAIT_S", 3.0)  # the stalled request reaches the server in the meantime
+    proxy = StallingProxy(mlflow_server.port)
+    run_dir = tmp_path / "slow"
+    run_dir.mkdir()
+    cfg = config.load(None, [f"run.storage_path={tmp_path}", "run.name=slow", "tracking.experiment=slow-server"])
+    scaling = Scaling(num_workers=2, use_gpu=False, cpus_per_worker=1, gpus_per_worker=0, placement_strategy="PACK")
+    run_id = tracking.Tracker(cfg, run_dir, proxy.uri).start(scaling, nodes=1)
+    assert proxy.stalled == 1
+    client = MlflowClient(mlflow_server.uri)
+    exp = client.get_experiment_by_name("slow-server")
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.run_dir = '{run_dir}'")
+    assert [r.info.run_id for r in runs] == [run_id]  # one run, the one the unanswered request made
+    assert client.get_run(run_id).data.params["scaling.world_size"] == "2"

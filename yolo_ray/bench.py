@@ -24,7 +24,7 @@ from pathlib import Path
 from subprocess import PIPE, STDOUT
 from typing import IO, Any
 
-from yolo_ray import gitinfo
+from yolo_ray import gitinfo, tasks
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
 from yolo_ray.tasks import RENAMES
@@ -60,12 +60,10 @@ class BenchSettings:
 
     def for_task(self) -> BenchSettings:
         """The settings as a task other than detect runs them: its yolo11 model (unless one is given), its generated
-        data (shapes style, at most 3 classes), Ultralytics' loader only (the fast path is detection's)."""
+        data (shapes style, at most 3 classes); the fast path's variants only where the task has them (tasks.py)."""
         if self.task == "detect":
             return self
         from dataclasses import replace
-
-        from yolo_ray import tasks
 
         model = self.model if self.model != "yolo11n.yaml" else f"yolo11n{tasks.get(self.task).model_suffix}.yaml"
         data_dir = f"{self.data_dir}-{self.task}"
@@ -448,8 +446,9 @@ def plan(s: BenchSettings, gpus: int, cpu: bool) -> list[tuple[str, list[str], i
     if not cpu:
         for n in counts:
             out.append((f"yolo_ray-graphs-{n}{unit}", [*use, *device_path(s), *GRAPHS], n, s.batch_per_gpu))
-    if s.task != "detect":  # native and yolo_ray with Ultralytics' loader: the fast path is detection's
-        out = [v for v in out if "device" not in v[0] and "graphs" not in v[0]]
+    task = tasks.get(s.task)  # the fast path's parts this task has (inputs.check_task_paths refuses the others)
+    out = [v for v in out if task.device_loader or "device" not in v[0]]
+    out = [v for v in out if task.cuda_graphs or "graphs" not in v[0]]
     if s.throughput_batch_per_gpu and s.task == "detect":
         tb = s.throughput_batch_per_gpu
         for n in counts:

@@ -139,17 +139,17 @@ def _check_task(cfg: ExperimentConfig, task: str) -> str:
 
 
 def check_task_paths(cfg: ExperimentConfig, task: str) -> None:
-    """The fast path's parts that know only boxes, refused for the other tasks before anything starts."""
-    if task == "detect":
-        return
-    if cfg.data.loader == "device":
+    """The fast path's parts that know only some tasks' labels or heads (tasks.py), refused for the others before
+    anything starts."""
+    if cfg.data.loader == "device" and not tasks.get(task).device_loader:
         raise ConfigError(
             cfg.source,
             "data.loader",
-            f"is `device`, whose augmentation moves boxes only; a {task} model needs its labels moved too.",
+            f"is `device`, whose augmentation moves boxes and keypoints only; a {task} model needs its labels "
+            "moved too.",
             "use data.loader=ultralytics (Ultralytics' own loader, which augments every task's labels).",
         )
-    if cfg.train.cuda_graphs:
+    if cfg.train.cuda_graphs and not tasks.get(task).cuda_graphs:
         raise ConfigError(
             cfg.source,
             "train.cuda_graphs",

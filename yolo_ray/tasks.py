@@ -19,12 +19,14 @@ class Task:
     headline: str  # the history.jsonl key a run is judged and registered by
     labels: str  # what one label row holds, for error messages
     model_suffix: str  # Ultralytics' model yaml suffix: yolo11n{suffix}.yaml
+    device_loader: bool = False  # data.loader=device moves its labels (boxes; keypoints)
+    cuda_graphs: bool = False  # train.cuda_graphs is measured and tested on its head
 
 
 TABLE = {
-    "detect": Task("detect", "DetectionTrainer", "mAP50-95", "class x y w h (a box)", ""),
+    "detect": Task("detect", "DetectionTrainer", "mAP50-95", "class x y w h (a box)", "", True, True),
     "segment": Task("segment", "SegmentationTrainer", "mask_mAP50-95", "class x1 y1 x2 y2 ... (a polygon)", "-seg"),
-    "pose": Task("pose", "PoseTrainer", "pose_mAP50-95", "class x y w h then kpt_shape keypoints", "-pose"),
+    "pose": Task("pose", "PoseTrainer", "pose_mAP50-95", "class x y w h then kpt_shape keypoints", "-pose", True),
     "obb": Task("obb", "OBBTrainer", "mAP50-95", "class x1 y1 x2 y2 x3 y3 x4 y4 (a rotated box)", "-obb"),
     "classify": Task("classify", "ClassificationTrainer", "top1", "a folder per class", "-cls"),
 }

@@ -32,6 +32,13 @@ STATE = "mlflow.json"
 # Fail fast against a server that is down; the sync loop retries on its own schedule.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+# Creating the run: a server slow under load (a read timeout) is no reason to lose the run before it trains.
+START_ATTEMPTS, START_WAIT_S = 4, 5.0
+
+
+def unanswered(e: BaseException) -> bool:
+    """A request that timed out or found no server (MLflow wraps requests' errors), not the server saying no."""
+    return isinstance(e, OSError) or "failed with timeout exception" in str(e) or "failed with exception" in str(e)
 
 
 def tracking_uri(cfg: ExperimentConfig) -> str:
@@ -319,7 +326,20 @@ class Tracker:
     # ---------------------------------------------------------------- run lifecycle
 
     def start(self, scaling: Any, nodes: int, dataset: Any = None) -> str:
-        """Create the MLflow run (or reuse the one this run directory already has), with its dataset as inputs."""
+        """Create the MLflow run (or reuse the one this run directory already has), with its dataset as inputs.
+        A request left unanswered is tried again, START_WAIT_S apart; a run an unanswered attempt did create is
+        found by its run_dir tag, not created twice."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start(scaling, nodes, dataset, again=attempt > 1)
+            except Exception as e:
+                if attempt == START_ATTEMPTS or not unanswered(e):
+                    raise
+                print(f"[yolo_ray] mlflow: {self.uri} did not answer ({type(e).__name__}); trying again", flush=True)
+                time.sleep(START_WAIT_S)
+        raise AssertionError("unreachable")
+
+    def _start(self, scaling: Any, nodes: int, dataset: Any, again: bool) -> str:
         if self.state.get("run_id"):  # a re-run of the same run directory: same MLflow run, running again
             self.client.update_run(self.state["run_id"], status="RUNNING")
             self.state["artifacts_logged"] = False
@@ -332,7 +352,9 @@ class Tracker:
         tags["mlflow.note.content"] = describe(self.cfg, self.workers)
         if self.parent_run_id:  # a sweep trial: nested under the sweep's run in the UI
             tags["mlflow.parentRunId"] = self.parent_run_id
-        run = self.client.create_run(exp_id, run_name=self.cfg.run.name, tags=tags)
+        run = (self._created_unanswered(exp_id) if again else None) or self.client.create_run(
+            exp_id, run_name=self.cfg.run.name, tags=tags
+        )
         self.state = {"tracking_uri": self.uri, "run_id": run.info.run_id, "experiment_id": exp_id, "synced": 0}
         self._save()
         params = run_params(self.cfg, sweep_trial=self.parent_run_id is not None)
@@ -357,6 +379,11 @@ class Tracker:
             flush=True,
         )
         return run.info.run_id
+
+    def _created_unanswered(self, exp_id: str) -> Any:
+        """The run an earlier, unanswered create_run made for this run directory, if the server made it."""
+        found = self.client.search_runs([exp_id], filter_string=f"tags.run_dir = '{self.run_dir}'", max_results=1)
+        return found[0] if found else None
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
         log_params(self.client, run_id, params)

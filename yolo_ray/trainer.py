@@ -24,8 +24,10 @@ Must be imported inside the worker, after Ray has set RANK / LOCAL_RANK / WORLD_
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -187,7 +189,7 @@ class RayTrainer(BaseTrainer):
             dist.barrier()
         self.in_final_eval = True  # callbacks fired here are not a training epoch
         try:
-            with _cpu_final_val(self):
+            with _cpu_final_val(self), _atomic_strip():
                 super().final_eval()
         finally:
             self.in_final_eval = False
@@ -250,6 +252,31 @@ def _cpu_final_val(trainer: RayTrainer) -> Iterator[None]:
             yield
     finally:
         trainer.validator.dataloader, trainer.args.plots = saved
+
+
+@contextlib.contextmanager
+def _atomic_strip() -> Iterator[None]:
+    """Ultralytics' final_eval strips the optimizer from last.pt and best.pt by rewriting them in place: a driver
+    killed mid-write left a truncated best.pt that the re-run, finishing the run, could not load. Here each stripped
+    file is written beside its original and renamed over it, so a kill leaves the old file or the new one."""
+    import ultralytics.engine.trainer as engine
+
+    strip = engine.strip_optimizer
+
+    def atomic(f: str | Path, s: str = "", updates: dict | None = None) -> dict:
+        target = Path(s or f)
+        staged = target.with_name(f".{target.name}.stripping")
+        staged.unlink(missing_ok=True)
+        ckpt = strip(f, s=str(staged), updates=updates)
+        if staged.exists():  # strip_optimizer writes nothing for a file it cannot read
+            os.replace(staged, target)
+        return ckpt
+
+    engine.strip_optimizer = atomic
+    try:
+        yield
+    finally:
+        engine.strip_optimizer = strip
 
 
 @contextlib.contextmanager

@@ -103,18 +103,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if rank == 0:
             (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics(trainer), indent=2))
             if config.get("export") and trainer.best.exists():
-                dataset = trainer.validator.dataloader.dataset  # classification datasets list (file, class) samples
-                val_images = getattr(dataset, "im_files", None) or [s[0] for s in dataset.samples]
-                export_best(trainer.best, val_images, trainer.args.imgsz, run_dir)
+                export_best(trainer.best, Path(overrides["data"]), trainer.args.imgsz, run_dir)
 
 
-def export_best(best: Path, val_images: list[str], imgsz: int, run_dir: Path) -> None:
+def export_best(best: Path, data: Path, imgsz: int, run_dir: Path) -> None:
     """Rank 0: best.pt (plain EMA weights, never the DDP wrapper) -> export/model.onnx, checked on 4 val images."""
+    from yolo_ray.data.checks import split_images
     from yolo_ray.export import export_and_check
 
     out = run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
-    export_and_check(best, [Path(p) for p in sorted(val_images)[:4]], imgsz, out)  # the driver reports it
+    export_and_check(best, sorted(split_images(data, "val"))[:4], imgsz, out)  # the driver reports it
 
 
 def finish_trained_run(
@@ -147,11 +146,7 @@ def finish_trained_run(
     final = final_record(epochs, metrics.results_dict, metrics.names, overrides.get("task", "detect"))
     (run_dir / "final_metrics.json").write_text(json.dumps(final, indent=2))
     if config.get("export"):
-        from yolo_ray.data.checks import split_images
-
-        data = Path(overrides["data"])
-        images = sorted(data.glob("val/*/*.*")) if data.is_dir() else split_images(data, "val")  # classify: a folder
-        export_best(best, [str(p) for p in images], overrides["imgsz"], run_dir)
+        export_best(best, Path(overrides["data"]), overrides["imgsz"], run_dir)
 
 
 def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | None]:

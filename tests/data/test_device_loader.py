@@ -276,3 +276,79 @@ def test_sharded_cache_holds_its_share_and_samples_only_it(shapes_dir: Path) -> 
         assert [f for b in loader for f in b["im_file"]] != files
         seen.append(set(loader.sampler))
     assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == len(ds)
+
+
+# --------------------------------------------------------------------------------------------------- pose keypoints
+
+
+@pytest.fixture(scope="module")
+def pose_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Quadrilaterals turned by up to 30 degrees, their corners as keypoints (top-left, top-right, bottom-right,
+    bottom-left before the turn; flip_idx [1, 0, 3, 2])."""
+    out = tmp_path_factory.mktemp("pose_aug")
+    generate(out, SynthSpec(images=120, imgsz=IMGSZ, classes=3, seed=5, task="pose"))
+    return out
+
+
+Objects = list[tuple[torch.Tensor, torch.Tensor]]  # per sample: boxes [k, 4] xywh, keypoints [k, nk, 3]
+
+
+def _pose_ours(root: Path, n: int, **hyp: float) -> Objects:
+    args, ds = ultralytics_train_dataset(root, IMGSZ, task="pose", **hyp)
+    cache = DeviceCache.build(ds, IMGSZ, torch.device("cpu"), threads=2)
+    assert cache.flip_idx == [1, 0, 3, 2]
+    g = torch.Generator().manual_seed(0)
+    out: Objects = []
+    for start in range(0, n, 100):
+        idx = torch.arange(start, min(n, start + 100)) % len(cache)
+        _, t = augment_batch(cache, idx, AugmentHyp.from_args(args), g)
+        out += [(t["bboxes"][t["batch_idx"] == i], t["keypoints"][t["batch_idx"] == i]) for i in range(len(idx))]
+    return out
+
+
+def _pose_theirs(root: Path, n: int, **hyp: float) -> Objects:
+    _, ds = ultralytics_train_dataset(root, IMGSZ, task="pose", **hyp)
+    random.seed(0)
+    np.random.seed(0)
+    return [(it["bboxes"], it["keypoints"]) for it in (ds[i % len(ds)] for i in range(n))]
+
+
+@pytest.mark.parametrize("fliplr", [0.0, 1.0])
+def test_keypoints_where_ultralytics_puts_them(pose_dir: Path, fliplr: float) -> None:
+    """Every random range closed: each keypoint lands where Ultralytics' pipeline puts it, with its visibility, and
+    a flipped image's keypoints are reordered by flip_idx (the top-left corner is still keypoint 0)."""
+    hyp = {"mosaic": 0.0, "scale": 0.0, "translate": 0.0, "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "fliplr": fliplr}
+    for (bo, ko), (bt, kt) in zip(_pose_ours(pose_dir, 16, **hyp), _pose_theirs(pose_dir, 16, **hyp), strict=True):
+        assert len(bo) == len(bt) > 0
+        o, t = bo[:, 0].argsort(), bt[:, 0].argsort()
+        torch.testing.assert_close(ko[o], kt[t], atol=1.5 / IMGSZ, rtol=0)
+
+
+def _pose_stats(samples: Objects) -> dict[str, float]:
+    """Keypoint visibility, and each keypoint's mean place in its box (-0.5 .. 0.5 of the box's width and height)
+    over the visible ones: a flip without flip_idx would pull every corner's mean towards the centre."""
+    boxes = torch.cat([b for b, _ in samples])
+    kpts = torch.cat([k for _, k in samples])
+    visible = kpts[..., 2] > 0
+    rel = (kpts[..., :2] - boxes[:, None, :2]) / boxes[:, None, 2:]
+    out = {"visible_fraction": float(visible.float().mean())}
+    for i in range(kpts.shape[1]):
+        seen = rel[visible[:, i], i]
+        out[f"kpt{i}_x"], out[f"kpt{i}_y"] = float(seen[:, 0].mean()), float(seen[:, 1].mean())
+    return out
+
+
+@pytest.mark.parametrize(
+    "hyp", [{}, {"mosaic": 0.5, "degrees": 15.0, "fliplr": 0.0, "flipud": 1.0}], ids=["defaults", "rotate-flipud"]
+)
+def test_keypoint_statistics_as_ultralytics(pose_dir: Path, hyp: dict) -> None:
+    """600 augmented samples (mosaic, scale, translate, left-right flips; then rotation and every image flipped
+    up-down, which Ultralytics reorders by flip_idx too: a mirror swaps left and right):
+    as many keypoints stay visible (those cut off by the mosaic canvas or the image turn invisible) and each corner
+    keeps its place in its box, as in Ultralytics' pipeline."""
+    ours, theirs = _pose_stats(_pose_ours(pose_dir, 600, **hyp)), _pose_stats(_pose_theirs(pose_dir, 600, **hyp))
+    print("\n" + "\n".join(f"{k:16s} ours {ours[k]:.4f}  ultralytics {theirs[k]:.4f}" for k in ours))
+    assert ours["visible_fraction"] == pytest.approx(theirs["visible_fraction"], abs=0.03)
+    assert theirs["visible_fraction"] < 0.99  # some keypoints were cut off: visibility was exercised
+    for k in ours:
+        assert ours[k] == pytest.approx(theirs[k], abs=0.04), k

@@ -143,6 +143,13 @@ def _kpt_shape(data: dict[str, Any], task: str, source: str, key: str) -> tuple[
             source, key, f"has kpt_shape {shape!r}; a pose model needs `kpt_shape: [keypoints, 2 or 3]`.",
             "add kpt_shape (e.g. [17, 3] for COCO's keypoints) and flip_idx to the data.yaml.",
         )  # fmt: skip
+    flips = data.get("flip_idx")
+    if flips is not None and not (isinstance(flips, list) and sorted(flips) == list(range(shape[0]))):
+        raise ConfigError(
+            source, key, f"has flip_idx {flips!r}; it must list each of the {shape[0]} keypoints once (its index after "
+            "a left-right flip).", "fix flip_idx (e.g. [1, 0, 3, 2] swaps keypoints 0/1 and 2/3), or remove it: "
+            "without it no image is flipped.",
+        )  # fmt: skip
     return int(shape[0]), int(shape[1])
 
 
@@ -180,7 +187,14 @@ def check_classify(folder: Path, cfg: ExperimentConfig) -> Dataset:
 
 
 def split_images(data_yaml: Path, split: str) -> list[Path]:
-    """One split's images as the checks (and Ultralytics) find them; for tools that read a checked dataset."""
+    """One split's images as the checks (and Ultralytics) find them; for tools that read a checked dataset. A
+    classification dataset is a folder: its split's images are those in its class folders (val: test/ without
+    val/, as check_classify reads it)."""
+    if data_yaml.is_dir():
+        from ultralytics.data.utils import IMG_FORMATS
+
+        root = data_yaml / split if split != "val" or (data_yaml / "val").is_dir() else data_yaml / "test"
+        return [p for p in root.glob("*/*") if p.suffix.lower().lstrip(".") in IMG_FORMATS]
     key = f"data.path ({data_yaml})"
     return [Path(f) for f in _images(_resolved(data_yaml, str(data_yaml), key)[split], str(data_yaml), key, split)]
 

@@ -3,13 +3,17 @@
 Ultralytics decodes and augments each image on the CPU (mosaic, random affine, HSV, flips). On an H200 host that
 feeds YOLO11n about 1000 images/s per 32 cores while the training step alone runs twice as fast. This loader decodes
 every image once, with Ultralytics' own `load_image` (long side = imgsz), keeps the images as uint8 on the device,
-and augments a whole batch there, moving the boxes with the image (random parameters and boxes as batched tensor
-ops; the pixels in one fused Triton kernel on CUDA, augment_kernel.py, or as torch ops, the reference, on CPU):
+and augments a whole batch there, moving the boxes (and a pose dataset's keypoints) with the image (random parameters
+and labels as batched tensor ops; the pixels in one fused Triton kernel on CUDA, augment_kernel.py, or as torch ops,
+the reference, on CPU):
 
     mosaic (p = hyp.mosaic) -> random affine (degrees, translate, scale, shear) -> HSV -> flips
 
 The random parameters follow Ultralytics' distributions (Mosaic centre, RandomPerspective._compute_affine_matrix,
-RandomHSV, RandomFlip) and boxes go through its filters (clip, zero-area removal, box_candidates). Not reproduced:
+RandomHSV, RandomFlip) and boxes go through its filters (clip, zero-area removal, box_candidates); keypoints go
+through the same affine, turn invisible where they leave the canvas or the image, and are reordered by the dataset's
+flip_idx when an image is mirrored (as Instances.clip, RandomPerspective.apply_keypoints and RandomFlip
+do). Segment masks and rotated boxes are not moved (inputs.check_task_paths refuses those tasks). Not reproduced:
 perspective, mixup, cutmix, copy_paste (config.check_static refuses them with this loader) and the optional
 albumentations blur/CLAHE. Memory: images x imgsz^2 x 3 bytes per worker (data.device_cache: sharded divides it by
 the workers).
@@ -53,23 +57,24 @@ class AugmentHyp:
 
 
 class DeviceCache:
-    """Training images decoded once: uint8 RGB, top-left aligned in an imgsz x imgsz slot, plus their boxes. Row i
+    """Training images decoded once: uint8 RGB, top-left aligned in an imgsz x imgsz slot, plus their labels. Row i
     holds dataset image ids[i] (a sharded cache: this rank's share) or image i (ids None: all of them)."""
 
     def __init__(
         self,
         images: torch.Tensor,
         hw: torch.Tensor,
-        boxes: torch.Tensor,
-        cls: torch.Tensor,
-        valid: torch.Tensor,
+        labels: Labels,
         ids: list[int] | None = None,
+        flip_idx: list[int] | None = None,
     ):
         self.images = images  # [N, S, S, 3] uint8
         self.hw = hw  # [N, 2] resized (h, w)
-        self.boxes = boxes  # [N, K, 4] xyxy pixels of the resized image
-        self.cls = cls  # [N, K]
-        self.valid = valid  # [N, K] bool: padding rows are False
+        self.boxes = labels.boxes  # [N, K, 4] xyxy pixels of the resized image
+        self.cls = labels.cls  # [N, K]
+        self.valid = labels.valid  # [N, K] bool: padding rows are False
+        self.keypoints = labels.keypoints  # [N, K, nk, 3] (x, y pixels, visibility); None: not a pose dataset
+        self.flip_idx = flip_idx  # keypoint order after a left-right flip (data.yaml)
         self.ids = ids
         self.size = images.shape[1]
 
@@ -118,8 +123,9 @@ class DeviceCache:
                 staging.fill_(int(PAD))
                 list(pool.map(load, part, range(len(part))))
                 images[start : start + len(part)].copy_(staging[: len(part)], non_blocking=False)
-        boxes, classes, valid = _label_tensors([dataset.labels[i] for i in rows], hw)
-        return cls(images, hw.to(device), boxes.to(device), classes.to(device), valid.to(device), ids)
+        labels = _label_tensors([dataset.labels[i] for i in rows], hw, getattr(dataset, "use_keypoints", False))
+        flip_idx = dataset.data.get("flip_idx") or None if labels.keypoints is not None else None
+        return cls(images, hw.to(device), labels.to(device), ids, flip_idx)
 
 
 CACHE_SHARE = 0.6  # of the device's free memory that the decoded images may take (the rest: model, activations)
@@ -179,13 +185,26 @@ class ShardSampler:
         return len(self.ids)
 
 
-def _label_tensors(labels: list[dict], hw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Ultralytics' per-image labels (normalised xywh) as padded xyxy pixel tensors."""
+class Labels(NamedTuple):
+    """Every cached image's objects, padded to the most any image has."""
+
+    boxes: torch.Tensor  # [N, K, 4] xyxy pixels
+    cls: torch.Tensor  # [N, K]
+    valid: torch.Tensor  # [N, K] bool
+    keypoints: torch.Tensor | None  # [N, K, nk, 3] pixels and visibility
+
+    def to(self, device: torch.device) -> Labels:
+        return Labels(*(None if t is None else t.to(device) for t in self))
+
+
+def _label_tensors(labels: list[dict], hw: torch.Tensor, keypoints: bool = False) -> Labels:
+    """Ultralytics' per-image labels (normalised xywh, keypoints normalised xy) as padded pixel tensors."""
     k = max(1, max(len(lb["cls"]) for lb in labels))
     n = len(labels)
     boxes = torch.zeros(n, k, 4)
     classes = torch.zeros(n, k)
     valid = torch.zeros(n, k, dtype=torch.bool)
+    kpts = torch.zeros(n, k, *labels[0]["keypoints"].shape[1:]) if keypoints else None
     for i, lb in enumerate(labels):
         m = len(lb["cls"])
         if not m:
@@ -195,7 +214,10 @@ def _label_tensors(labels: list[dict], hw: torch.Tensor) -> tuple[torch.Tensor, 
         boxes[i, :m] = torch.cat([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], 1)
         classes[i, :m] = torch.from_numpy(np.asarray(lb["cls"], dtype=np.float32).reshape(-1))
         valid[i, :m] = True
-    return boxes, classes, valid
+        if kpts is not None:
+            kpts[i, :m] = torch.from_numpy(np.asarray(lb["keypoints"], dtype=np.float32))
+            kpts[i, :m, :, :2] *= torch.tensor([w, h])
+    return Labels(boxes, classes, valid, kpts)
 
 
 # --------------------------------------------------------------------------------------------------- augmentation
@@ -216,12 +238,12 @@ def augment_batch(
     mosaic = rand(b) < hyp.mosaic
     tiles = torch.cat([idx[:, None], torch.randint(0, len(cache), (b, 3), generator=g, device=dev)], 1)
     layout = _mosaic_layout(cache, tiles, mosaic, rand)
-    m_pixels, m_boxes, scale = _affine(b, layout.canvas, s, hyp, rand)
-    # boxes first: their nonzero() is the one host sync, and it then waits only for this cheap box math; the pixel
-    # work below is queued behind it and runs while the host goes on to launch the training step
-    targets = _boxes(cache, layout, m_boxes, scale)
+    warp = _affine(b, layout.canvas, s, hyp, rand)
+    # labels first: their nonzero() is the one host sync, and it then waits only for this cheap label math; the
+    # pixel work below is queued behind it and runs while the host goes on to launch the training step
+    targets = _targets(cache, layout, warp)
     gains = _hsv_gains(b, hyp, rand, dev)
-    minv = torch.linalg.inv_ex(m_pixels).inverse  # inv_ex: no host sync to check singularity
+    minv = torch.linalg.inv_ex(warp.pixels).inverse  # inv_ex: no host sync to check singularity
     if dev.type == "cuda" if fused is None else fused:
         from yolo_ray.data import augment_kernel
 
@@ -263,11 +285,18 @@ def _mosaic_layout(cache: DeviceCache, tiles: torch.Tensor, mosaic: torch.Tensor
     return Layout(tiles, active, hw, origin, canvas, centre)
 
 
-def _affine(
-    b: int, canvas: torch.Tensor, s: int, hyp: AugmentHyp, rand: Any
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class Warp(NamedTuple):
+    """Each sample's affine from its canvas to the output image, flips folded in."""
+
+    pixels: torch.Tensor  # [B, 3, 3] for pixel indices
+    coords: torch.Tensor  # [B, 3, 3] for label coordinates
+    scale: torch.Tensor  # [B] the sampled scale
+    mirrored: torch.Tensor  # [B] bool: flipped one way (left-right or up-down), not both (a half turn)
+
+
+def _affine(b: int, canvas: torch.Tensor, s: int, hyp: AugmentHyp, rand: Any) -> Warp:
     """RandomPerspective's M = T @ S @ R @ C per sample (no perspective) with the flips folded in, once for pixel
-    indices and once for box coordinates; and the sampled scale."""
+    indices and once for label coordinates."""
     dev = canvas.device
 
     def uniform(lo: float | torch.Tensor, hi: float | torch.Tensor) -> torch.Tensor:
@@ -299,7 +328,7 @@ def _affine(
         return f @ a
 
     # np.fliplr moves pixel index x to S-1-x; a box edge at x moves to S-x
-    return flipped(s - 1.0), flipped(float(s)), scale
+    return Warp(flipped(s - 1.0), flipped(float(s)), scale, lr ^ ud)
 
 
 def _warp(cache: DeviceCache, layout: Layout, minv: torch.Tensor, mosaic_possible: bool) -> torch.Tensor:
@@ -351,10 +380,10 @@ def _hsv(img: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     return torch.stack(channels, 1).mul_(255).contiguous(memory_format=torch.channels_last)
 
 
-def _boxes(cache: DeviceCache, layout: Layout, m: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Boxes moved like the pixels and filtered as Ultralytics does; returned in its batch format."""
+def _targets(cache: DeviceCache, layout: Layout, warp: Warp) -> dict[str, torch.Tensor]:
+    """Boxes (and keypoints) moved like the pixels and filtered as Ultralytics does; in its batch format."""
     tiles, active, origin, canvas, s = layout.tiles, layout.active, layout.origin, layout.canvas, cache.size
-    b = tiles.shape[0]
+    b, m, scale = tiles.shape[0], warp.coords, warp.scale
     boxes = cache.boxes[tiles] + origin.repeat(1, 1, 2)[:, :, None, :]  # [B, 4, K, 4] canvas xyxy
     limit = canvas.repeat(1, 2)[:, None, None, :]
     boxes = torch.minimum(boxes.clamp_min(0), limit)  # Mosaic: clip to the canvas
@@ -374,7 +403,29 @@ def _boxes(cache: DeviceCache, layout: Layout, m: torch.Tensor, scale: torch.Ten
     bi, j = keep.nonzero(as_tuple=True)
     sel = new[bi, j]
     xywh = torch.cat([(sel[:, :2] + sel[:, 2:]) / 2, sel[:, 2:] - sel[:, :2]], 1) / s
-    return {"batch_idx": bi.float(), "cls": cls[bi, j][:, None], "bboxes": xywh}
+    targets = {"batch_idx": bi.float(), "cls": cls[bi, j][:, None], "bboxes": xywh}
+    if cache.keypoints is not None:
+        targets["keypoints"] = _keypoints(cache, layout, warp)[bi, j]
+    return targets
+
+
+def _keypoints(cache: DeviceCache, layout: Layout, warp: Warp) -> torch.Tensor:
+    """[B, 4K, nk, 3] keypoints moved like the pixels, normalised: invisible where they fall off the mosaic canvas
+    (Instances.clip) or off the output image (apply_keypoints), clipped to it, and reordered by flip_idx in a
+    mirrored image (RandomFlip reorders at each flip, up-down too: a mirror swaps left and right; two undo it)."""
+    s = cache.size
+    kp = cache.keypoints[layout.tiles]  # [B, 4, K, nk, 3]
+    xy = kp[..., :2] + layout.origin[:, :, None, None, :]
+    limit = layout.canvas[:, None, None, None, :]
+    vis = kp[..., 2] * ((xy >= 0) & (xy <= limit)).all(-1)
+    xy = torch.minimum(xy.clamp_min(0), limit).flatten(1, 2)  # [B, 4K, nk, 2]
+    m = warp.coords
+    xy = torch.einsum("bknj,bij->bkni", xy, m[:, :2, :2]) + m[:, None, None, :2, 2]
+    vis = vis.flatten(1, 2) * ((xy >= 0) & (xy <= s)).all(-1)
+    out = torch.cat([xy.clamp(0, s) / s, vis[..., None]], -1)
+    if cache.flip_idx is not None:
+        out = torch.where(warp.mirrored[:, None, None, None], out[:, :, cache.flip_idx], out)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------- loader
@@ -396,6 +447,8 @@ class DeviceLoader:
         self, dataset: Any, cache: DeviceCache, batch_size: int, rank: int, world_size: int, hyp: AugmentHyp, seed: int
     ):
         self.dataset, self.cache, self.batch_size, self.hyp = dataset, cache, batch_size, hyp
+        if cache.keypoints is not None and cache.flip_idx is None:  # as Ultralytics' v8_transforms (which warns):
+            hyp.fliplr = hyp.flipud = 0.0  # keypoints without a flip order are never flipped
         self.rank, self.seed = rank, seed
         self.epochs_served: list[int] = []  # the sampler epoch of each pass, in order (rank records, tests)
         self.sampler: DistributedSampler | ShardSampler = (
