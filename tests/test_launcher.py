@@ -121,10 +121,11 @@ def test_it_learns(ddp_run: Path) -> None:
 # Tolerance: both runs see the same data, epochs, global batch (16), accumulation and LR schedule. They differ in
 # what DDP on CPU cannot share: BatchNorm statistics come from each rank's 8 images instead of 16 (sync-BN is
 # NCCL-only) and the random streams (per-rank seeds, sharded augmentation order) differ. Measured on this 2-core
-# machine (mAP50-95, 76 val images): native 0.597 vs yolo_ray 0.704 after 20 epochs, 0.773 vs 0.701 after 30; on
-# one H200, 1 worker vs native, the two agree to five decimals (benchmarks/results). The claim checked is the
-# issue's "no worse than native": more than 0.12 below it fails a run that learns markedly worse, while tolerating
-# the per-rank BN effect and run-to-run spread (that ranks train one model is test_ddp_is_real's job).
+# machine (mAP50-95, 76 val images): native 0.397 vs yolo_ray 0.454 after 12 epochs (the test's LEARN_EPOCHS),
+# 0.499 vs 0.553 after 14, 0.597 vs 0.704 after 20, 0.773 vs 0.701 after 30; on one H200, 1 worker vs native, the
+# two agree to five decimals (benchmarks/results). The claim checked is the issue's "no worse than native": more than
+# 0.12 below it fails a run that learns markedly worse, while tolerating the per-rank BN effect and run-to-run spread
+# (that ranks train one model is test_ddp_is_real's job).
 PARITY_TOLERANCE = 0.12
 
 
@@ -166,7 +167,8 @@ def test_device_loader_learns_like_ultralytics_loader(
 ) -> None:
     """data.loader=device (decode once, batched augmentation on the training device) trains the same experiment
     as well as Ultralytics' own loader does: same epochs, workers, batch and schedule (measured on this machine,
-    mAP50-95: 0.679 vs 0.704 after 20 epochs, 0.789 vs 0.698 after 30)."""
+    mAP50-95: 0.536 vs 0.454 after 12 epochs, 0.527 vs 0.553 after 14, 0.679 vs 0.704 after 20, 0.789 vs 0.698
+    after 30)."""
     run_dir = _smoke_run(
         tmp_path, shapes, "device", "data.loader=device", "tracking.enabled=false", env=shared_ray.env()
     )

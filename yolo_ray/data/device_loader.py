@@ -74,7 +74,7 @@ class DeviceCache:
         self.cls = labels.cls  # [N, K]
         self.valid = labels.valid  # [N, K] bool: padding rows are False
         self.keypoints = labels.keypoints  # [N, K, nk, 3] (x, y pixels, visibility); None: not a pose dataset
-        self.flip_idx = flip_idx  # keypoint order after a left-right flip (data.yaml)
+        self.flip_idx = flip_idx  # keypoint order in a mirrored image (data.yaml)
         self.ids = ids
         self.size = images.shape[1]
 
@@ -124,7 +124,7 @@ class DeviceCache:
                 list(pool.map(load, part, range(len(part))))
                 images[start : start + len(part)].copy_(staging[: len(part)], non_blocking=False)
         labels = _label_tensors([dataset.labels[i] for i in rows], hw, getattr(dataset, "use_keypoints", False))
-        flip_idx = dataset.data.get("flip_idx") or None if labels.keypoints is not None else None
+        flip_idx = (dataset.data.get("flip_idx") or None) if labels.keypoints is not None else None
         return cls(images, hw.to(device), labels.to(device), ids, flip_idx)
 
 
