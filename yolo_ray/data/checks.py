@@ -155,14 +155,12 @@ def _kpt_shape(data: dict[str, Any], task: str, source: str, key: str) -> tuple[
 
 def check_classify(folder: Path, cfg: ExperimentConfig) -> Dataset:
     """A classification dataset: a folder with train/ and val/ (or test/), a folder per class in each."""
-    from ultralytics.data.utils import IMG_FORMATS
-
     source, key = cfg.source, f"data.path ({folder})"
     if not folder.is_dir():
         what = f"{folder} is not a folder; a classification dataset is one (train/ and val/, a folder per class)."
         raise ConfigError(source, "data.path", what, "point data.path at that folder (no data.yaml).")
     folder = folder.resolve()
-    val = folder / "val" if (folder / "val").is_dir() else folder / "test"
+    val = _classify_root(folder, "val")
     names: list[str] = []
     splits: dict[str, Split] = {}
     for name, root in (("train", folder / "train"), ("val", val)):
@@ -174,8 +172,7 @@ def check_classify(folder: Path, cfg: ExperimentConfig) -> Dataset:
             what = f"its val classes {classes} are not its train classes {names}."
             raise ConfigError(source, key, what, "give val/ the same class folders as train/.")
         names = classes
-        files = [str(f) for c in classes for f in sorted((root / c).rglob("*.*"))]
-        split = splits[name] = Split([f for f in files if f.rpartition(".")[-1].lower() in IMG_FORMATS])
+        split = splits[name] = Split(_class_images(root, classes))
         for image in split.images:
             why = _image_problem(image)
             if why:
@@ -186,15 +183,25 @@ def check_classify(folder: Path, cfg: ExperimentConfig) -> Dataset:
     return Dataset(folder, {**data, "nc": len(names)}, splits, "classify")
 
 
-def split_images(data_yaml: Path, split: str) -> list[Path]:
-    """One split's images as the checks (and Ultralytics) find them; for tools that read a checked dataset. A
-    classification dataset is a folder: its split's images are those in its class folders (val: test/ without
-    val/, as check_classify reads it)."""
-    if data_yaml.is_dir():
-        from ultralytics.data.utils import IMG_FORMATS
+def _classify_root(folder: Path, split: str) -> Path:
+    """A classification dataset's folder for a split: val/, or test/ where it has no val/ (as Ultralytics reads it)."""
+    return folder / "test" if split == "val" and not (folder / "val").is_dir() else folder / split
 
-        root = data_yaml / split if split != "val" or (data_yaml / "val").is_dir() else data_yaml / "test"
-        return [p for p in root.glob("*/*") if p.suffix.lower().lstrip(".") in IMG_FORMATS]
+
+def _class_images(root: Path, classes: list[str]) -> list[str]:
+    """The images under a classification split's class folders, class by class."""
+    from ultralytics.data.utils import IMG_FORMATS
+
+    files = [str(f) for c in classes for f in sorted((root / c).rglob("*.*"))]
+    return [f for f in files if f.rpartition(".")[-1].lower() in IMG_FORMATS]
+
+
+def split_images(data_yaml: Path, split: str) -> list[Path]:
+    """One split's images as the checks (and Ultralytics) find them; for tools that read a checked dataset (a
+    classification dataset: its folder)."""
+    if data_yaml.is_dir():
+        root = _classify_root(data_yaml, split)
+        return [Path(f) for f in _class_images(root, sorted(d.name for d in root.iterdir() if d.is_dir()))]
     key = f"data.path ({data_yaml})"
     return [Path(f) for f in _images(_resolved(data_yaml, str(data_yaml), key)[split], str(data_yaml), key, split)]
 
