@@ -257,25 +257,43 @@ MODEL_NAME = "shapes-detector"
 LEARN_EPOCHS = 12  # mAP50 0.644, mAP50-95 0.454 here (2026-12-02): past the bars (test_launcher.py)
 
 
-@pytest.fixture(scope="session")
-def ddp_run(
-    shapes: Path, mlflow_server: MlflowServer, shared_ray: SharedRay, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    storage = tmp_path_factory.mktemp("ddp_run")
+def smoke_run(storage: Path, shapes: Path, name: str, *overrides: str, env: dict | None = None, flags: tuple = ()):
+    """The shipped smoke experiment as the learning run trains it (same data and epochs), with `flags` and
+    `overrides`: (run directory, the CLI's process)."""
     proc = yolo_ray(
         "train",
+        *flags,
         str(REPO / "experiments" / "smoke.yaml"),
         f"data.dir={shapes}",
         f"train.epochs={LEARN_EPOCHS}",
         f"run.storage_path={storage}",
-        "run.name=learn",
-        f"tracking.uri={mlflow_server.uri}",
-        f"tracking.model_name={MODEL_NAME}",
+        f"run.name={name}",
+        *overrides,
         cwd=storage,
-        env=shared_ray.env(),
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-5000:]
-    return storage / "learn"
+    return storage / name, proc
+
+
+@pytest.fixture(scope="session")
+def ddp_run(
+    shapes: Path, mlflow_server: MlflowServer, shared_ray: SharedRay, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    tracking = (f"tracking.uri={mlflow_server.uri}", f"tracking.model_name={MODEL_NAME}")
+    run_dir, _ = smoke_run(tmp_path_factory.mktemp("ddp_run"), shapes, "learn", *tracking, env=shared_ray.env())
+    return run_dir
+
+
+DEVICE_RUN = ("data.loader=device", "tracking.enabled=false")
+
+
+@pytest.fixture(scope="session")
+def device_run(shapes: Path, shared_ray: SharedRay, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The learning run on the device loader (its augmentation draws from its own seeded generators, so the
+    training is the same whatever else the process does: async validation's reference)."""
+    run_dir, _ = smoke_run(tmp_path_factory.mktemp("device_run"), shapes, "device", *DEVICE_RUN, env=shared_ray.env())
+    return run_dir
 
 
 RERUN_EPOCHS, RERUN_FAILS_AFTER = 5, 3

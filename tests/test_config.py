@@ -61,6 +61,9 @@ def test_coco_recipe_is_the_4gpu_recipe() -> None:
         (["train.cuda_graphs=true", "train.sync_bn=true"], "train.cuda_graphs", "SyncBatchNorm"),
         (["train.cuda_graphs=true", "train.extra.compile=true"], "train.cuda_graphs", "drop one"),
         (["train.cuda_graphs=true", "train.extra.freeze=10"], "train.cuda_graphs", "freeze"),
+        (["train.val_async=true", "train.val=false"], "train.val_async", "train.val: true"),
+        (["train.val_async=true", "train.val_gpus=0.25", "scaling.use_gpu=false"], "train.val_gpus", "on CPUs"),
+        (["run.fail_val_at_epoch=2"], "run.fail_val_at_epoch", "train.val_async"),
     ],
 )
 def test_static_errors_name_key_and_fix(overrides: list[str], key: str, words: str) -> None:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ENV, LEARN_EPOCHS, REPO, STAGING_PREFIX, SharedRay, read_jsonl, small_run, yolo_ray
+from conftest import ENV, LEARN_EPOCHS, REPO, STAGING_PREFIX, SharedRay, read_jsonl, small_run, smoke_run, yolo_ray
 
 
 def _ranks(run_dir: Path) -> list[dict]:
@@ -129,29 +129,8 @@ def test_it_learns(ddp_run: Path) -> None:
 PARITY_TOLERANCE = 0.12
 
 
-def _smoke_run(
-    tmp_path: Path, shapes: Path, name: str, *overrides: str, flags: tuple[str, ...] = (), env: dict | None = None
-) -> Path:
-    """The shipped smoke experiment as the learning run trains it (same data and epochs), with `flags` and
-    `overrides`; returns its run directory."""
-    proc = yolo_ray(
-        "train",
-        *flags,
-        str(REPO / "experiments" / "smoke.yaml"),
-        f"data.dir={shapes}",
-        f"train.epochs={LEARN_EPOCHS}",
-        f"run.storage_path={tmp_path}",
-        f"run.name={name}",
-        *overrides,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-5000:]
-    return tmp_path / name
-
-
 def test_parity_with_plain_ultralytics(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
-    run_dir = _smoke_run(tmp_path, shapes, "native", flags=("--native",))
+    run_dir, _ = smoke_run(tmp_path, shapes, "native", flags=("--native",))
     native = json.loads((run_dir / "summary.json").read_text())["final"]
     timed = read_jsonl(run_dir / "native_epochs.jsonl")  # epochs timed in plain Ultralytics too
     assert [t["epoch"] for t in timed] == list(range(1, LEARN_EPOCHS + 1))
@@ -162,16 +141,12 @@ def test_parity_with_plain_ultralytics(ddp_run: Path, shapes: Path, tmp_path: Pa
     assert ours["mAP50-95"] >= native["mAP50-95"] - PARITY_TOLERANCE
 
 
-def test_device_loader_learns_like_ultralytics_loader(
-    ddp_run: Path, shapes: Path, tmp_path: Path, shared_ray: SharedRay
-) -> None:
+def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, device_run: Path) -> None:
     """data.loader=device (decode once, batched augmentation on the training device) trains the same experiment
     as well as Ultralytics' own loader does: same epochs, workers, batch and schedule (measured on this machine,
     mAP50-95: 0.536 vs 0.454 after 12 epochs, 0.527 vs 0.553 after 14, 0.679 vs 0.704 after 20, 0.789 vs 0.698
     after 30)."""
-    run_dir = _smoke_run(
-        tmp_path, shapes, "device", "data.loader=device", "tracking.enabled=false", env=shared_ray.env()
-    )
+    run_dir = device_run
     assert [r["cached_images"] for r in _ranks(run_dir)] == [384, 384]  # auto: a full copy fits
     _trained_and_learned(run_dir, LEARN_EPOCHS)
     ours = json.loads((run_dir / "summary.json").read_text())["final"]

@@ -153,6 +153,7 @@ def test_bad_search_spaces_fail_before_any_trial(tmp_path: Path) -> None:
     assert "divide" in str(bad("{train.batch: {choice: [8, 9]}}", "tune.trial.num_workers=2"))
     assert "grid" in str(bad("{train.batch: {grid: [8, 16]}}"))  # grid needs grid/random search, not Optuna
     assert bad("{train.lr0: {uniform: [0.01, 0.02]}}", "tune.metric=metrics/mAP75(M)").key == "tune.metric"
+    assert bad("{train.lr0: {uniform: [0.01, 0.02]}}", "train.val_async=true").key == "train.val_async"
     # every task's metric, in Ultralytics' spelling or history.jsonl's: the sweep watches history.jsonl's key
     for given, key in [("metrics/mAP50-95(M)", "mask_mAP50-95"), ("pose_mAP50", "pose_mAP50"),
                        ("metrics/accuracy_top1", "top1"), ("train/seg_loss", "train/seg_loss")]:  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import os
 import shutil
 import time
@@ -43,9 +44,12 @@ class SavedCheckpoint:
 class CheckpointWriter:
     """Runs a trainer's `save_model` on host snapshots, one at a time, in order, on a thread of its own."""
 
-    def __init__(self, trainer: Any, save_model: Any):
-        """save_model: Ultralytics' unbound `save_model`, called with a frozen view of `trainer`."""
+    def __init__(self, trainer: Any, save_model: Any, keep_for_validation: bool = False):
+        """save_model: Ultralytics' unbound `save_model`, called with a frozen view of `trainer`. keep_for_validation
+        (train.val_async): each epoch's last.pt is also linked into its awaiting directory (async_val.py), and
+        best.pt is never written here (its epoch is known only once the validation comes back)."""
         self.trainer, self.save_model = trainer, save_model
+        self.keep_for_validation = keep_for_validation
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="yolo_ray-ckpt")
         self._saves: dict[int, Future[SavedCheckpoint]] = {}
         self._shadow: nn.Module | None = None  # a CPU copy of the EMA module that each snapshot is loaded into
@@ -63,7 +67,7 @@ class CheckpointWriter:
         frozen = {
             "epoch": t.epoch,
             "best_fitness": t.best_fitness,
-            "fitness": t.fitness,
+            "fitness": math.nan if self.keep_for_validation else t.fitness,  # NaN equals no best_fitness
             "metrics": dict(t.metrics),
             "stopper": SimpleNamespace(best_fitness=t.stopper.best_fitness, best_epoch=t.stopper.best_epoch),
             "ema_updates": t.ema.updates,
@@ -103,6 +107,7 @@ class CheckpointWriter:
         flushed the writer before writing it)."""
         done: Future[SavedCheckpoint] = Future()
         t = self.trainer
+        self._keep(epoch, t.last)
         done.set_result(SavedCheckpoint(self._stage(epoch), weights_digest(t.ema.ema, as_saved=True), 0.0))
         self._saves[epoch] = done
 
@@ -135,6 +140,7 @@ class CheckpointWriter:
         self.save_model(view)
         epoch = frozen["epoch"]
         directory = self._stage(epoch, view.last)
+        self._keep(epoch, view.last)
         os.replace(view.last, last)  # a rename: the staged link keeps this epoch's bytes whatever comes next
         if view.best.exists():
             os.replace(view.best, best)
@@ -143,15 +149,24 @@ class CheckpointWriter:
 
     def _stage(self, epoch: int, written: Path | None = None) -> Path:
         """A staging directory holding a hard link to epoch `epoch`'s last.pt (a copy where links are refused)."""
-        directory = self.staging_dir(epoch)
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
-        source = written or self.trainer.last
-        try:
-            os.link(source, directory / "last.pt")
-        except OSError:
-            shutil.copy2(source, directory / "last.pt")
-        return directory
+        return _linked(self.staging_dir(epoch), written or self.trainer.last)
+
+    def _keep(self, epoch: int, written: Path) -> None:
+        if self.keep_for_validation:
+            from yolo_ray.async_val import awaiting_dir
+
+            _linked(awaiting_dir(written.parent, epoch), written)
+
+
+def _linked(directory: Path, source: Path) -> Path:
+    """`directory`, made afresh, holding `source` as last.pt: a hard link, or a copy where links are refused."""
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    try:
+        os.link(source, directory / "last.pt")
+    except OSError:
+        shutil.copy2(source, directory / "last.pt")
+    return directory
 
 
 class _Frozen:

@@ -83,6 +83,12 @@ class TrainConfig:
     close_mosaic: int = 10
     patience: int = 100
     val: bool = True
+    # validate each epoch's EMA weights in a Ray actor of its own while training goes on (yolo_ray/async_val.py)
+    val_async: bool = False
+    # where: actor (a Ray actor of its own) | thread (in rank 0's training process, on a CUDA stream of its own)
+    val_runner: Literal["actor", "thread"] = "actor"
+    val_gpus: float = 0.0  # the validation actor's GPUs: a share (e.g. 0.25, with scaling.gpus_per_worker 0.75), 1
+    val_cpus: float = 1.0  # its CPUs (the val loader's processes run in it)
     plots: bool = True
     extra: dict = field(default_factory=dict)  # any other Ultralytics train argument (mosaic, hsv_h, fliplr, ...)
     # users' Ultralytics callbacks by import path, run in every worker: {on_fit_epoch_end: [my_pkg.hooks:fn], ...}
@@ -112,6 +118,7 @@ class RunSection:
     ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray started for this run
     fail_at_epoch: int | None = None  # fault injection: raise after this epoch's checkpoint (first attempt)
     fail_rank: int = 0
+    fail_val_at_epoch: int | None = None  # fault injection (train.val_async): the validator dies on this epoch, once
     profile_steps: int = 0  # > 0: torch.profiler over this many steps of epoch 2 on rank 0 (profile.txt/.json)
     verbose: bool = False  # true: Ray's and Ultralytics' own output too (start-up, tables, per-batch bars)
 
@@ -384,6 +391,42 @@ MANAGED_KEYS = {
 }
 
 
+def check_val_async(cfg: ExperimentConfig) -> None:
+    """train.val_async's settings, before Ray (the cluster's room for the actor is checked by ray_cluster)."""
+    t, s = cfg.train, cfg.source
+    if not t.val_async:
+        if cfg.run.fail_val_at_epoch is not None:
+            raise ConfigError(s, "run.fail_val_at_epoch", "needs train.val_async: true.", "set both, or neither.")
+        return
+    if not t.val:
+        raise ConfigError(
+            s,
+            "train.val_async",
+            "is true but train.val is false: there is no per-epoch validation to move off the training GPUs.",
+            "set train.val: true, or train.val_async: false.",
+        )
+    if t.val_gpus < 0 or t.val_cpus <= 0:
+        key = "train.val_gpus" if t.val_gpus < 0 else "train.val_cpus"
+        raise ConfigError(s, key, "must be >= 0 (GPUs) / > 0 (CPUs).", "e.g. train.val_gpus: 0.25, train.val_cpus: 2.")
+    if t.val_runner == "thread" and t.val_gpus > 0:
+        raise ConfigError(
+            s,
+            "train.val_gpus",
+            f"is {t.val_gpus:g}, but train.val_runner is thread: validation runs in the training process, on its GPU.",
+            "set train.val_gpus: 0, or train.val_runner: actor for an actor with GPUs of its own.",
+        )
+    if t.val_gpus > 0 and cfg.scaling.use_gpu is False:
+        raise ConfigError(
+            s,
+            "train.val_gpus",
+            f"is {t.val_gpus:g} but scaling.use_gpu is false.",
+            "set train.val_gpus: 0 to validate on CPUs, or train on GPUs.",
+        )
+    f = cfg.run.fail_val_at_epoch
+    if f is not None and not 1 <= f <= t.epochs:
+        raise ConfigError(s, "run.fail_val_at_epoch", f"{f} is outside 1..epochs ({t.epochs}).", "pick an epoch.")
+
+
 def check_static(cfg: ExperimentConfig) -> None:
     """Checks that need neither the dataset nor the cluster."""
     s, t, sc, r = cfg.source, cfg.train, cfg.scaling, cfg.run
@@ -466,6 +509,7 @@ def check_static(cfg: ExperimentConfig) -> None:
 
     user_callbacks.parse(t.callbacks, s)
     check_gpu_only(cfg, sc.use_gpu is not False, "scaling.use_gpu is false")
+    check_val_async(cfg)
     check_cuda_graphs(cfg)
     check_device_loader(cfg)
     known = ultralytics_train_keys()

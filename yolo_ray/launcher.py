@@ -114,6 +114,20 @@ def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tupl
     return out
 
 
+def _val_async(cfg: ExperimentConfig) -> dict | None:
+    """The validation actor's settings for the workers (async_val.ValAsyncSettings), or None: inline."""
+    t = cfg.train
+    if not t.val_async:
+        return None
+    fail = cfg.run.fail_val_at_epoch
+    return {
+        "runner": t.val_runner,
+        "gpus": t.val_gpus,
+        "cpus": t.val_cpus,
+        "fail_at_epoch": None if fail is None else fail - 1,
+    }
+
+
 def _fit(
     cfg: ExperimentConfig,
     checked: inputs.Inputs,
@@ -167,6 +181,7 @@ def _fit(
             "cuda_graphs": cfg.train.cuda_graphs,
             "profile_steps": cfg.run.profile_steps,
             "fault": {"epoch": cfg.run.fail_at_epoch, "rank": cfg.run.fail_rank},
+            "val_async": _val_async(cfg),
             "export": cfg.tracking.enabled and cfg.tracking.register,
             "callbacks": [vars(c) for c in user_callbacks.parse(cfg.train.callbacks, cfg.source)],
             "verbose": cfg.run.verbose,

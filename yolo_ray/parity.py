@@ -28,7 +28,17 @@ from yolo_ray.bench import GRAPHS, BenchSettings, device_path, run_variant, thro
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
 
-PATHS = ("native", "ultralytics", "device", "graphs", "throughput")
+PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "valinline", "valasync", "valthread")
+DEFAULT_PATHS = PATHS[:5]
+# the fast path validating every epoch (the others validate once, at the end): inline, or by its own actor on a
+# quarter of the GPU (train.val_async, async_val.py): what validation costs the training GPU's epoch
+VALIDATING = {
+    "valinline": [],
+    "valasync": ["train.val_async=true"],  # a Ray actor (train.val_runner: actor)
+    "valthread": ["train.val_async=true", "train.val_runner=thread"],  # rank 0's process, a CUDA stream of its own
+}
+SHARED_GPU = ["train.val_gpus=0.25", "scaling.gpus_per_worker=0.75"]  # valasync on a GPU: a quarter of it validates
+VAL_CPUS = 3  # the validation actor's CPUs (its val loader's processes), taken from the training worker's
 PARITY_POINTS = 0.005  # a path is at parity when its mean mAP50-95 >= native's mean - this
 
 
@@ -41,7 +51,7 @@ class ParitySettings:
     data_seed: int = 0
     epochs: str = "10"  # comma-separated: each path trains to each of these, e.g. "10,30"
     seeds: str = "0,1,2"
-    paths: str = ",".join(PATHS)
+    paths: str = ",".join(DEFAULT_PATHS)
     batch_per_gpu: int = 64
     throughput_batch_per_gpu: int = 256
     close_mosaic: int = 3
@@ -112,7 +122,8 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
         epochs = sorted((int(e) for e in p.listed("epochs")), reverse=True)
         seeds = [int(x) for x in p.listed("seeds")]
         wanted = [(path, e, seed) for e in epochs for seed in seeds for path in p.listed("paths")]
-    bad = sorted({x for x, _, _ in wanted if x not in PATHS or (cpu and x in ("graphs", "throughput"))})
+    gpu_only = ("graphs", "throughput")
+    bad = sorted({x for x, _, _ in wanted if x not in PATHS or (cpu and x in gpu_only)})
     if bad:
         allowed = "native, ultralytics, device" if cpu else ", ".join(PATHS)
         raise ConfigError(
@@ -127,6 +138,9 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
         "graphs": [*use, *device_path(BenchSettings()), *GRAPHS],
         "throughput": [*use, *device_path(BenchSettings()), *GRAPHS],
     }
+    for v, extra in VALIDATING.items():  # the fast path (graphs on a GPU), validating every epoch
+        on_gpu = [] if cpu else [*GRAPHS, *(SHARED_GPU if v == "valasync" else [])]
+        args[v] = [*use, *device_path(BenchSettings()), *on_gpu, *extra]
     out = []
     for path, epochs, seed in wanted:
         batch = p.throughput_batch_per_gpu if path == "throughput" else p.batch_per_gpu
@@ -135,8 +149,17 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
     return out
 
 
-def _overrides(p: ParitySettings, name: str, epochs: int, seed: int, batch: int) -> list[str]:
+def _overrides(p: ParitySettings, entry: Entry) -> list[str]:
+    name, epochs, seed, batch = entry.name, entry.epochs, entry.seed, entry.batch
     cpus = max(1, (os.cpu_count() or 1) - 1)
+    if entry.path in VALIDATING:
+        validation = ["train.val=true"]
+        if entry.path == "valasync":
+            val_cpus = VAL_CPUS if cpus > 2 * VAL_CPUS else 1  # a small machine: one CPU each
+            cpus = max(1, cpus - val_cpus)
+            validation.append(f"train.val_cpus={val_cpus}")
+    else:
+        validation = ["train.val=false"]  # validated once, at the last epoch: the scorers below judge the final weights
     return [
         f"model={p.model}",
         "data.path=synthetic",
@@ -153,7 +176,7 @@ def _overrides(p: ParitySettings, name: str, epochs: int, seed: int, batch: int)
         f"train.workers={p.workers}",
         f"train.seed={seed}",
         f"train.deterministic={str(p.deterministic).lower()}",
-        "train.val=false",  # validated once, at the last epoch: the scorers below judge the final weights
+        *validation,
         "train.plots=false",
         f"train.close_mosaic={p.close_mosaic}",
         "tracking.enabled=false",
@@ -177,7 +200,7 @@ def run_one(
     p: ParitySettings, data_yaml: Path, gt: dict[str, Any], entry: Entry, cpu: bool, env: dict[str, str]
 ) -> dict[str, Any]:
     bench = BenchSettings(images=p.images, out_dir=p.out_dir)
-    args = [*entry.args, *_overrides(p, entry.name, entry.epochs, entry.seed, entry.batch)]
+    args = [*entry.args, *_overrides(p, entry)]
     started = time.time()
     row = run_variant(bench, entry.name, args, 1, env, entry.batch)
     out: dict[str, Any] = {
@@ -206,6 +229,26 @@ def run_one(
         "results_csv_mAP50-95": row["mAP50-95"],
         "train_s": training_seconds(run_dir),
         **{k: row.get(k) for k in keys},
+        **epoch_clock(run_dir),
+    }
+
+
+def epoch_clock(run_dir: Path) -> dict[str, Any]:
+    """From history.jsonl: the mean epoch (the training process's clock, validation included when inline) over
+    epochs 2..n-1 (the first compiles and captures, the last validates best.pt or waits for the validations still
+    out), the mean validation seconds, the epoch with the best fitness, and the largest async validation lag."""
+    rows = read_history(run_dir)
+    if not rows:
+        return {}
+    middle = rows[1:-1] or rows
+    val = [r["val_s"] for r in rows if r.get("val_s") is not None]
+    best = max(rows, key=lambda r: r.get("fitness", 0.0))
+    return {
+        "epoch_s": round(statistics.mean(r["epoch_time_s"] for r in middle), 3),
+        "val_s": round(statistics.mean(val), 3) if val else None,
+        "best_epoch": best["epoch"] if best.get("fitness") else None,
+        "val_lag_max": max((r.get("val_lag_epochs", 0) for r in rows), default=0),
+        "history_epochs": [r["epoch"] for r in rows],
     }
 
 
@@ -451,6 +494,31 @@ def print_table(report: dict[str, Any]) -> None:
         cells += scores[1:]
         cells += [str(r[k]) for k in ("train_s", "startup_s", "wall_s")]
         cells += [",".join(map(str, r.get("timed_seeds", []))) or "-", f"{r['scorers_differ_by_max']:.5f}"]
+        print(" | ".join(c.ljust(13) for c in cells))
+    print_epoch_clocks(report)
+
+
+def print_epoch_clocks(report: dict[str, Any]) -> None:
+    """Per run: the training process's mean epoch, validation's seconds and lag, the best epoch, and the mean epoch
+    over that of the same path validating only at the end (`graphs`, or `device` on CPUs; same epochs and seed):
+    validation's cost."""
+    runs = [r for r in report.get("results", []) if r.get("epoch_s") is not None and "error" not in r]
+    if not any(r["path"] in VALIDATING for r in runs):
+        return
+    base = {
+        (r["epochs"], r["seed"]): r["epoch_s"]
+        for r in runs
+        if r["path"] in ("graphs", "device") and not r.get("contended")  # graphs on a GPU, device on CPUs
+    }
+    print("\nepoch clocks (s; epochs 2..n-1; alone on the machine unless marked): validation's cost per epoch")
+    cols = ["run", "epoch_s", "vs no val", "val_s", "val lag max", "best epoch", "mAP50-95", "wall_s"]
+    print(" | ".join(c.ljust(13) for c in cols))
+    for r in sorted(runs, key=lambda r: (r["epochs"], r["seed"], _order(r["path"]))):
+        ref = base.get((r["epochs"], r["seed"]))
+        share = f"{r['epoch_s'] / ref - 1:+.1%}" if ref and not r.get("contended") else "-"
+        cells = [r["name"] + (" (contended)" if r.get("contended") else ""), f"{r['epoch_s']:.3f}", share]
+        cells += [str(r.get("val_s")), str(r.get("val_lag_max")), str(r.get("best_epoch"))]
+        cells += [f"{r['ultralytics']['mAP50-95']:.5f}", str(r.get("wall_s"))]
         print(" | ".join(c.ljust(13) for c in cells))
     for r in report.get("reproduced", []):
         same = "the same" if r["earlier"] == r["now"] else "NOT the same"

@@ -137,6 +137,7 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
     scaling = Scaling(num_workers, use_gpu, cpus, gpus, sc.placement_strategy, least)
     if not sc.autoscaling:
         check_capacity(cfg, scaling, nodes)
+        check_room_for_validation(cfg, scaling, nodes)
     return scaling
 
 
@@ -157,6 +158,33 @@ def auto_cpus_per_worker(
         if n["Resources"].get("GPU", 0) >= 1
     ]
     return float(max(1, min([cfg.train.workers + 1, *shares])))
+
+
+def check_room_for_validation(cfg: ExperimentConfig, s: Scaling, nodes: list[dict]) -> None:
+    """train.val_async: the validation actor's GPUs and CPUs must be left over once the workers are placed (else
+    it would wait for resources forever and training with it)."""
+    t = cfg.train
+    if not t.val_async or t.val_runner == "thread":
+        return
+    workers = s.min_workers or s.num_workers
+    gpus_left = sum(n["Resources"].get("GPU", 0) for n in nodes) - workers * s.gpus_per_worker
+    cpus_left = sum(n["Resources"].get("CPU", 0) for n in nodes) - workers * s.cpus_per_worker
+    if t.val_gpus > gpus_left + 1e-9:
+        raise ConfigError(
+            cfg.source,
+            "train.val_gpus",
+            f"{t.val_gpus:g} GPU for the validation actor, but {workers} workers x {s.gpus_per_worker:g} GPU leave "
+            f"{max(gpus_left, 0):g} of the cluster's GPUs.",
+            "share the GPUs: scaling.gpus_per_worker: 0.75 with train.val_gpus: 0.25 (one worker per GPU), or one "
+            "worker fewer, or train.val_gpus: 0 to validate on CPUs.",
+        )
+    if t.val_cpus > cpus_left + 1e-9:
+        raise ConfigError(
+            cfg.source,
+            "train.val_cpus",
+            f"{t.val_cpus:g} CPU for the validation actor, but the workers leave {max(cpus_left, 0):g}.",
+            "lower train.val_cpus or scaling.cpus_per_worker.",
+        )
 
 
 def check_capacity(cfg: ExperimentConfig, s: Scaling, nodes: list[dict]) -> None:

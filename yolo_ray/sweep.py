@@ -83,6 +83,13 @@ def check_space(cfg: ExperimentConfig) -> None:
             "a fraction with several workers per trial puts two ranks on one GPU, which NCCL refuses.",
             "use whole GPUs, or tune.trial.num_workers: 1.",
         )
+    if cfg.train.val_async:  # its actor would wait outside the trials' reserved resources, and training with it
+        raise ConfigError(
+            src,
+            "train.val_async",
+            "is not supported in sweeps: each trial's validation actor would need resources Tune has not reserved.",
+            "set train.val_async: false for the sweep (trials validate inline).",
+        )
     for key, spec in t.space.items():
         where = f"tune.space.{key}"
         if not _key_exists(cfg, key) or key.startswith(("tune.", "run.", "tracking.", "scaling.")):

@@ -65,6 +65,7 @@ class RayTrainer(BaseTrainer):
         device_cache: str = "auto",
         channels_last: bool = False,
         cuda_graphs: bool = False,
+        val_async: bool = False,
     ):
         self.ray_device = device
         self.sync_bn = sync_bn
@@ -73,6 +74,8 @@ class RayTrainer(BaseTrainer):
         self.channels_last = channels_last
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.in_final_eval = False
+        self.val_async = val_async  # validation by an actor of its own (async_val.py); rank 0 holds `async_val`
+        self.async_val: Any = None
         self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
         self.shard_indices: list[int] = []
         super().__init__(overrides=overrides)  # Ultralytics' init_seeds sets the kernel mode from `deterministic`
@@ -84,7 +87,7 @@ class RayTrainer(BaseTrainer):
             torch.backends.cudnn.benchmark = True
         self.world_size = world_size  # global, from Ray
         self.ddp = False  # never spawn torch.distributed.run: Ray owns the processes
-        self.writer = CheckpointWriter(self, BaseTrainer.save_model)
+        self.writer = CheckpointWriter(self, BaseTrainer.save_model, keep_for_validation=val_async)
         self.add_callback("on_train_epoch_start", _set_sampler_epoch)
 
     def _setup_ddp(self) -> None:
@@ -155,7 +158,13 @@ class RayTrainer(BaseTrainer):
         return batch
 
     def validate(self) -> tuple[dict | None, float | None]:
-        """Ultralytics' per-epoch validation, timed: with large batches it can cost more than the epoch's training."""
+        """Ultralytics' per-epoch validation, timed: with large batches it can cost more than the epoch's training.
+        With train.val_async rank 0 hands the epoch to the validation actor instead (fitness None: Ultralytics'
+        stopper and best.pt wait for the result, async_val.py applies it); the other ranks go straight on."""
+        if self.val_async and not self.in_final_eval:
+            if self.async_val is not None:
+                return self.async_val.epoch_end()
+            return dict(self.metrics or {}), None
         started = time.perf_counter()
         try:
             return super().validate()
@@ -177,7 +186,13 @@ class RayTrainer(BaseTrainer):
         # the EMA holds a non-finite value: Ultralytics' own save repairs the live EMA from the model, so run it here
         self.writer.flush()
         self.last.unlink(missing_ok=True)  # a new file: an earlier epoch's staged link keeps its own bytes
-        super().save_model()
+        fitness = self.fitness
+        if self.val_async:
+            self.fitness = float("nan")  # best.pt waits for this epoch's validation (async_val.py)
+        try:
+            super().save_model()
+        finally:
+            self.fitness = fitness
         self.writer.adopt(self.epoch)
         return True
 

@@ -7,6 +7,7 @@ process group; this function imports Ultralytics only now, so Ultralytics sees t
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -22,7 +23,8 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from yolo_ray import batch_plan, faults, user_callbacks
+from yolo_ray import async_val, batch_plan, faults, user_callbacks
+from yolo_ray.async_val import AsyncValidation, ValAsyncSettings
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
 from yolo_ray.metrics import epoch_metrics, final_metrics, final_record
@@ -57,12 +59,16 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if config["batch"]["accumulate"] is not None:  # this start's group size (elastic groups resize): batch_plan
         overrides.update(batch_plan.plan(**config["batch"], world=world_size).ultralytics())
 
+    val_async = ValAsyncSettings.from_config(config.get("val_async"))
     with ExitStack() as stack:
         if rank == 0:
             remove_stale_staging(run_dir / "train" / "weights")
         ckpt_dir, resumed_from = _broadcast(resume_point(run_dir, stack))
+        revalidate = []  # epochs (0-based) trained and saved whose validation result never came back
+        if rank == 0 and val_async is not None:
+            revalidate = unvalidated_epochs(run_dir, resumed_from or 0)
         if ckpt_dir is not None and rank == 0:
-            reconcile_history(run_dir, Path(ckpt_dir))
+            reconcile_history(run_dir, Path(ckpt_dir), awaiting=set(revalidate))
         if resumed_from is not None and resumed_from >= overrides["epochs"]:
             # every epoch trained and saved, but the run stopped before its end (a driver killed after the last
             # checkpoint): Ultralytics refuses to resume a finished schedule, so do what is left of it
@@ -83,11 +89,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             device_cache=config["device_cache"],
             channels_last=config["channels_last"],
             cuda_graphs=config["cuda_graphs"],
+            val_async=val_async is not None,
         )
         stack.callback(trainer.writer.close)  # on the way out: final_eval flushed the saves (or drain() waited)
         user_callbacks.attach(trainer, [user_callbacks.UserCallback(**c) for c in config.get("callbacks", [])], rank)
         reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
         reporter.attach()
+        if rank == 0 and val_async is not None:
+            reporter.validate_async(val_async, revalidate)
+            stack.callback(trainer.async_val.close)
         if rank == 0:
             ProgressWriter(run_dir).attach(trainer)
         if rank == 0 and config["profile_steps"]:
@@ -169,17 +179,64 @@ def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | Non
     return (best[1], best[0]) if best else (None, None)
 
 
-def reconcile_history(run_dir: Path, ckpt_dir: Path) -> None:
+def reconcile_history(run_dir: Path, ckpt_dir: Path, awaiting: set[int] | None = None) -> None:
     """history.jsonl as of the checkpoint resumed from, written back: a process killed between persisting epoch
     k's checkpoint and appending its line left the line out (the checkpoint carries it); lines of epochs after the
-    checkpoint (trained again now) are dropped, so every epoch has one line."""
+    checkpoint (trained again now) are dropped, so every epoch has one line. awaiting: epochs (0-based) validated
+    again now (train.val_async), whose lines are written when their results come."""
     meta = json.loads((ckpt_dir / "meta.json").read_text())
     rows = read_history(run_dir)
     kept = [r for r in rows if r["epoch"] <= meta["epoch"]]
-    if not any(r["epoch"] == meta["epoch"] for r in kept) and "metrics" in meta:
+    validated_again = meta["epoch"] - 1 in (awaiting or set())
+    if not validated_again and not any(r["epoch"] == meta["epoch"] for r in kept) and "metrics" in meta:
         kept.append({"time": time.time(), **meta["metrics"]})
     if kept != rows:
         write_history(run_dir, kept)
+
+
+def unvalidated_epochs(run_dir: Path, epochs_done: int) -> list[int]:
+    """train.val_async after a restart: epochs (0-based) of the checkpoint resumed from or before, kept for
+    validation and without a history line (their result never came back); kept epochs after the checkpoint are
+    trained again, and those with a line were done."""
+    weights = run_dir / "train" / "weights"
+    lined = {r["epoch"] - 1 for r in read_history(run_dir)}
+    out = []
+    for epoch in async_val.awaiting_epochs(weights):
+        if epoch >= epochs_done or epoch in lined or not (async_val.awaiting_dir(weights, epoch) / "row.json").exists():
+            shutil.rmtree(async_val.awaiting_dir(weights, epoch), ignore_errors=True)
+        else:
+            out.append(epoch)
+    return out
+
+
+class HistoryLines:
+    """history.jsonl's lines, in epoch order, each written once both its halves are in: the epoch's training row
+    (once its checkpoint is on storage) and, with train.val_async, its validation result."""
+
+    def __init__(self, run_dir: Path, first_epoch: int, needs_val: bool, on_written: Any = None):
+        """first_epoch: 1-based, the first line this attempt writes; on_written(epoch, 0-based) after each."""
+        self.run_dir, self.next, self.needs_val, self.on_written = run_dir, first_epoch, needs_val, on_written
+        self.rows: dict[int, dict] = {}
+        self.vals: dict[int, dict] = {}
+        self.lock = threading.Lock()
+
+    def row(self, epoch: int, row: dict) -> None:
+        with self.lock:
+            self.rows[epoch] = row
+            self._flush()
+
+    def val(self, epoch: int, part: dict) -> None:
+        with self.lock:
+            self.vals[epoch] = part
+            self._flush()
+
+    def _flush(self) -> None:
+        while self.next in self.rows and (self.next in self.vals or not self.needs_val):
+            epoch = self.next
+            append_history(self.run_dir, {**_finite(self.rows.pop(epoch)), **self.vals.pop(epoch, {})})
+            if self.on_written is not None:
+                self.on_written(epoch - 1)
+            self.next += 1
 
 
 class EpochReporter:
@@ -196,6 +253,18 @@ class EpochReporter:
         self.t_epoch = self.t_train_end = 0.0
         self.start_digest = ""
         self.persisting: dict[int, threading.Event] = {}  # epoch -> set once its checkpoint is on storage
+        self.lines = HistoryLines(run_dir, (resumed_from or 0) + 1, needs_val=False)
+
+    def validate_async(self, settings: ValAsyncSettings, revalidate: list[int]) -> None:
+        """Rank 0 with train.val_async: each epoch's line also waits for its validation result; the epochs of an
+        earlier attempt that never got theirs are validated again first (their training rows were kept)."""
+        t = self.trainer
+        t.async_val = AsyncValidation(t, settings, lambda r: self.lines.val(r.epoch + 1, r.line()), revalidate)
+        first = revalidate[0] + 1 if revalidate else (self.resumed_from or 0) + 1
+        self.lines = HistoryLines(self.run_dir, first, needs_val=True, on_written=t.async_val.promote)
+        for epoch in revalidate:
+            row = json.loads((async_val.awaiting_dir(Path(t.wdir), epoch) / "row.json").read_text())
+            self.lines.row(epoch + 1, row)
 
     def attach(self) -> None:
         self.trainer.add_callback("on_train_start", self.on_train_start)
@@ -206,6 +275,8 @@ class EpochReporter:
     def on_train_start(self, trainer: Any) -> None:
         if self.rank == 0:  # the weights this attempt starts from (a resumed one: the checkpoint's)
             self.start_digest = trainer.parameter_digest(as_saved=True)
+        if trainer.async_val is not None:  # the validation actor starts while the first epoch trains
+            trainer.async_val.start()
 
     def on_train_epoch_start(self, trainer: Any) -> None:
         epoch = trainer.epoch + 1
@@ -222,22 +293,37 @@ class EpochReporter:
         if trainer.in_final_eval:
             return
         t_fit_end = time.perf_counter()
-        metrics = None
+        row = reported = None
         if self.rank == 0:
-            metrics = epoch_metrics(trainer, self.t_train_end - self.t_epoch, self.resumed_from)
-            metrics["save_s"] = t_fit_end - self.t_train_end  # Ultralytics' end of epoch: validation, CSV, snapshot
-            metrics["start_weights_sha256"] = self.start_digest  # the driver prints the epoch from history.jsonl
-        metrics = _broadcast(metrics)
-        metrics["time"] = time.time()  # the epoch's end (its line is written later, once persisted)
+            row = epoch_metrics(trainer, self.t_train_end - self.t_epoch, self.resumed_from)
+            row["save_s"] = t_fit_end - self.t_train_end  # Ultralytics' end of epoch: validation, CSV, snapshot
+            row["start_weights_sha256"] = self.start_digest  # the driver prints the epoch from history.jsonl
+            row["time"] = time.time()  # the epoch's end (its line is written later, once persisted)
+            reported = {**_finite(row), **self._latest_validation()}
+        reported = _broadcast(reported)
         if self.rank == 0 and trainer.writer.has(trainer.epoch):
-            self._report_with_checkpoint(trainer.epoch, metrics, t_fit_end)
-            return
-        ray.train.report(metrics)
-        if self.rank == 0:  # an epoch without a checkpoint (train.extra.save=false): its line after the ones before
-            self.drain()
-            append_history(self.run_dir, {**metrics, "report_s": time.perf_counter() - t_fit_end})
+            self._report_with_checkpoint(trainer.epoch, row, reported, t_fit_end)
+        else:
+            ray.train.report(reported)
+            if self.rank == 0:  # an epoch without a checkpoint (train.extra.save=false): its line after the others
+                self.drain()
+                self.lines.row(row["epoch"], {**row, "report_s": time.perf_counter() - t_fit_end})
+        if self.rank == 0 and trainer.async_val is not None and (trainer.stop or trainer.epoch + 1 >= trainer.epochs):
+            self.drain()  # the last line (and best.pt, promoted with it) before final_eval reads best.pt
 
-    def _report_with_checkpoint(self, epoch: int, metrics: dict, t_fit_end: float) -> None:
+    def _latest_validation(self) -> dict[str, Any]:
+        """With train.val_async, what a report carries: the latest validated epoch's metrics (Tune and ASHA judge
+        on them) and that epoch's number; nothing before the first result."""
+        av = self.trainer.async_val
+        if av is None:
+            return {}
+        if av.latest is None:
+            return {"val_epoch": 0}
+        return {**av.latest.line(), "val_epoch": av.latest.epoch + 1}
+
+    def _report_with_checkpoint(self, epoch: int, metrics: dict, reported: dict, t_fit_end: float) -> None:
+        """metrics: the epoch's own row (its history line); reported: what Ray Train gets (with val_async the
+        latest validation's metrics too)."""
         writer = self.trainer.writer
         storage = ray.train.get_context().get_storage()
         report_s: futures.Future[float] = futures.Future()  # the hand-off time, set once report() returns
@@ -251,6 +337,9 @@ class EpochReporter:
                 row = {**metrics, "saved_weights_sha256": saved.weights_sha256, "checkpoint_write_s": saved.write_s}
                 meta = {"epoch": metrics["epoch"], "last_pt_bytes": (saved.directory / "last.pt").stat().st_size}
                 (saved.directory / "meta.json").write_text(json.dumps({**meta, "metrics": row}))
+                kept = async_val.awaiting_dir(saved.directory.parent, epoch)
+                if self.trainer.async_val is not None and kept.exists():  # its line waits for the validation
+                    (kept / "row.json").write_text(json.dumps(row, allow_nan=True))
                 stored = storage.persist_current_checkpoint(
                     ray.train.Checkpoint.from_directory(saved.directory), dir_name
                 )
@@ -260,13 +349,13 @@ class EpochReporter:
                     handed_off = report_s.result(timeout=60)
                 except futures.TimeoutError:  # the builtin TimeoutError only from Python 3.11
                     handed_off = None
-                append_history(self.run_dir, {**row, "report_s": handed_off, "persist_s": time.perf_counter() - t0})
+                self.lines.row(row["epoch"], {**row, "report_s": handed_off, "persist_s": time.perf_counter() - t0})
                 return stored
             finally:
                 persisted.set()
 
         ray.train.report(
-            metrics,
+            reported,
             checkpoint=ray.train.Checkpoint.from_directory(writer.staging_dir(epoch)),
             checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
             checkpoint_upload_fn=persist,
@@ -285,6 +374,11 @@ def remove_stale_staging(weights_dir: Path) -> None:
     driver, and no checkpoint is being written yet)."""
     for d in weights_dir.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """The row without NaN values (an epoch whose validation has not come back yet, train.val_async)."""
+    return {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
 
 
 def _barrier() -> None:
