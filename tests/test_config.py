@@ -62,7 +62,12 @@ def test_coco_recipe_is_the_4gpu_recipe() -> None:
         (["train.cuda_graphs=true", "train.extra.compile=true"], "train.cuda_graphs", "drop one"),
         (["train.cuda_graphs=true", "train.extra.freeze=10"], "train.cuda_graphs", "freeze"),
         (["train.val_async=true", "train.val=false"], "train.val_async", "train.val: true"),
-        (["train.val_async=true", "train.val_gpus=0.25", "scaling.use_gpu=false"], "train.val_gpus", "on CPUs"),
+        (["train.val_async=true", "train.val_gpus=0.25"], "train.val_gpus", "train.val_runner: actor"),
+        (
+            ["train.val_async=true", "train.val_runner=actor", "train.val_gpus=0.25", "scaling.use_gpu=false"],
+            "train.val_gpus",
+            "on CPUs",
+        ),
         (["run.fail_val_at_epoch=2"], "run.fail_val_at_epoch", "train.val_async"),
     ],
 )

@@ -70,7 +70,9 @@ def test_a_restarted_run_validates_the_epochs_whose_results_never_came(
     """Validation by a Ray actor whose process dies validating epoch 1 (a new actor takes it), and a worker that
     fails after epoch 2's checkpoint, before epoch 2's result was applied: the restarted group resumes at epoch 3 and
     first validates epoch 2 from its kept last.pt; every epoch has one line with its metrics."""
-    args = small_run(shapes_small, tmp_path, "restart", "train.epochs=4", "train.val_async=true")
+    args = small_run(
+        shapes_small, tmp_path, "restart", "train.epochs=4", "train.val_async=true", "train.val_runner=actor"
+    )
     # half a CPU per worker (torch still gets one thread each, as with one) leaves this 2-CPU Ray one for the actor
     args += ["run.fail_at_epoch=2", "run.max_failures=1", "scaling.cpus_per_worker=0.5", "run.fail_val_at_epoch=1"]
     proc = yolo_ray("train", *args, cwd=tmp_path, env=shared_ray.env())
@@ -88,7 +90,7 @@ def test_a_restarted_run_validates_the_epochs_whose_results_never_came(
 
 def test_val_async_needs_room_beside_the_workers(shapes_small: Path, tmp_path: Path, shared_ray: SharedRay) -> None:
     """A validation actor the cluster could never place beside the workers is refused before any worker starts."""
-    args = small_run(shapes_small, tmp_path, "noroom", "train.val_async=true", "train.val_cpus=1")
+    args = small_run(shapes_small, tmp_path, "noroom", "train.val_async=true", "train.val_runner=actor")
     proc = yolo_ray("train", *args, "scaling.cpus_per_worker=1", cwd=tmp_path, env=shared_ray.env())
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert "train.val_cpus" in proc.stdout and "Fix:" in proc.stdout and "Traceback" not in proc.stdout

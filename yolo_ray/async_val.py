@@ -5,11 +5,11 @@ NMS on a young model's many boxes). Here rank 0 hands the epoch's EMA weights to
 training. The validator keeps one Ultralytics task trainer, its validator and its val loader (the val images decoded
 once, in RAM) for the whole run, and calls that validator in its training mode exactly as the trainer does inline:
 the same metrics, fitness and val losses for the same weights. Where it runs (`train.val_runner`):
+- `thread` (the default): a thread of rank 0's training process, its GPU work on a CUDA stream of its own (one
+  process: kernels of both streams run side by side); the weights are copied on the device.
 - `actor`: a Ray actor on resources of its own (`train.val_gpus` / `train.val_cpus`: a spare GPU, a share of one, or
   CPUs); the weights travel as a host copy through Ray's object store. Its own process: a crash there is not
-  training's. Two processes on one GPU take turns on it (time-slicing), which slows both.
-- `thread`: a thread of rank 0's training process, its GPU work on a CUDA stream of its own (one process: kernels of
-  both streams run side by side); the weights are copied on the device.
+  training's. Two processes on one GPU take turns on it (time-slicing), which slows both: it is for spare resources.
 
 Rank 0 applies the results in epoch order, as Ultralytics would have applied them at their epoch: best fitness,
 early stopping (`patience`), the epoch's results.csv row and its history.jsonl line, and best.pt (the epoch's last.pt,
@@ -55,7 +55,7 @@ MAX_LAG = 2  # epochs of training a validation may run behind
 class ValAsyncSettings:
     """What the driver decides for the validation actor (crosses the process boundary as a dict)."""
 
-    runner: str = "actor"  # actor: a Ray actor of its own; thread: a thread of rank 0's process, its own CUDA stream
+    runner: str = "thread"  # thread: a thread of rank 0's process, its own CUDA stream; actor: a Ray actor of its own
     gpus: float = 0.0
     cpus: float = 1.0
     fail_at_epoch: int | None = None  # fault injection: the actor's process dies validating this (0-based) epoch, once

@@ -85,8 +85,8 @@ class TrainConfig:
     val: bool = True
     # validate each epoch's EMA weights in a Ray actor of its own while training goes on (yolo_ray/async_val.py)
     val_async: bool = False
-    # where: actor (a Ray actor of its own) | thread (in rank 0's training process, on a CUDA stream of its own)
-    val_runner: Literal["actor", "thread"] = "actor"
+    # where: thread (in rank 0's training process, on a CUDA stream of its own) | actor (a Ray actor of its own)
+    val_runner: Literal["thread", "actor"] = "thread"
     val_gpus: float = 0.0  # the validation actor's GPUs: a share (e.g. 0.25, with scaling.gpus_per_worker 0.75), 1
     val_cpus: float = 1.0  # its CPUs (the val loader's processes run in it)
     plots: bool = True

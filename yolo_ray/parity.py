@@ -34,7 +34,7 @@ DEFAULT_PATHS = PATHS[:5]
 # quarter of the GPU (train.val_async, async_val.py): what validation costs the training GPU's epoch
 VALIDATING = {
     "valinline": [],
-    "valasync": ["train.val_async=true"],  # a Ray actor (train.val_runner: actor)
+    "valasync": ["train.val_async=true", "train.val_runner=actor"],  # a Ray actor
     "valthread": ["train.val_async=true", "train.val_runner=thread"],  # rank 0's process, a CUDA stream of its own
 }
 SHARED_GPU = ["train.val_gpus=0.25", "scaling.gpus_per_worker=0.75"]  # valasync on a GPU: a quarter of it validates
