@@ -44,9 +44,9 @@ import ray
 import torch
 from torch import nn
 
+from yolo_ray.checkpoint_writer import AWAITING_PREFIX, awaiting_dir, host_copies
 from yolo_ray.console import say
 
-AWAITING_PREFIX = ".yolo_ray_val_epoch"  # beside last.pt: an epoch's last.pt (a hard link) until its result is in
 VAL_ATTEMPTS = 3  # submissions of one epoch's validation before it is given up
 MAX_LAG = 2  # epochs of training a validation may run behind
 
@@ -63,10 +63,6 @@ class ValAsyncSettings:
     @classmethod
     def from_config(cls, value: dict | None) -> ValAsyncSettings | None:
         return None if value is None else cls(**value)
-
-
-def awaiting_dir(weights_dir: Path, epoch: int) -> Path:
-    return weights_dir / f"{AWAITING_PREFIX}{epoch}"
 
 
 def awaiting_epochs(weights_dir: Path) -> list[int]:
@@ -391,8 +387,6 @@ def _done(handle: Any) -> bool:
 
 def _host_state(module: nn.Module) -> tuple[dict[str, torch.Tensor], bool]:
     """The module's state dict on the host, each tensor in storage of its own (one transfer per dtype)."""
-    from yolo_ray.checkpoint_writer import host_copies
-
     keys, values = zip(*module.state_dict().items(), strict=True)
     copies, finite = host_copies(list(values))
     return {k: v.clone() for k, v in zip(keys, copies, strict=True)}, finite

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 STAGING_PREFIX = ".yolo_ray_ckpt_"  # an epoch's staging directory beside last.pt
+AWAITING_PREFIX = ".yolo_ray_val_epoch"  # train.val_async: an epoch's last.pt, kept until its validation result is in
 EMA_ATTRS = ("yaml", "nc", "args", "names", "stride", "class_weights")  # what ModelEMA.update_attr copies
 
 
@@ -153,9 +154,12 @@ class CheckpointWriter:
 
     def _keep(self, epoch: int, written: Path) -> None:
         if self.keep_for_validation:
-            from yolo_ray.async_val import awaiting_dir
-
             _linked(awaiting_dir(written.parent, epoch), written)
+
+
+def awaiting_dir(weights_dir: Path, epoch: int) -> Path:
+    """Where epoch `epoch`'s (0-based) last.pt waits for its validation (async_val.py promotes or drops it)."""
+    return weights_dir / f"{AWAITING_PREFIX}{epoch}"
 
 
 def _linked(directory: Path, source: Path) -> Path:
