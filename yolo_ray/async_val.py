@@ -53,12 +53,12 @@ MAX_LAG = 2  # epochs of training a validation may run behind
 
 @dataclass(frozen=True)
 class ValAsyncSettings:
-    """What the driver decides for the validation actor (crosses the process boundary as a dict)."""
+    """What the driver decides for the validator (crosses the process boundary as a dict)."""
 
     runner: str = "thread"  # thread: a thread of rank 0's process, its own CUDA stream; actor: a Ray actor of its own
     gpus: float = 0.0
     cpus: float = 1.0
-    fail_at_epoch: int | None = None  # fault injection: the actor's process dies validating this (0-based) epoch, once
+    fail_at_epoch: int | None = None  # fault injection: validating this (0-based) epoch fails, once (Validator)
 
     @classmethod
     def from_config(cls, value: dict | None) -> ValAsyncSettings | None:
@@ -102,7 +102,6 @@ class Validator:
         }
         with _process_state_kept(self.in_process):
             trainer = tasks.trainer_base(overrides["task"])(overrides=settings)
-        model.criterion = None
         trainer.model = model.to(self.device).float()
         trainer.set_model_attributes()  # nc, names, args: the loss reads its gains from model.args
         split = trainer.data.get("val") or trainer.data.get("test")
@@ -250,7 +249,7 @@ class AsyncValidation:
         per_worker = t.batch_size // max(t.world_size, 1)
         fault = {"epoch": self.settings.fail_at_epoch}
         model = copy.deepcopy(t.ema.ema).float()
-        model.criterion = None
+        model.criterion = None  # training-only state (an actor could not unpickle its device tensors); rebuilt lazily
         if self.settings.runner == "thread":
             self.local = Validator(overrides, model, per_worker, None, fault, device=str(t.device))
             self.pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="yolo_ray-val")
@@ -306,13 +305,13 @@ class AsyncValidation:
                 ready = torch.cuda.Event()
                 ready.record()
             return state, ready
-        state, _ = _host_state(ema)
-        return ray.put(state)
+        return ray.put(_host_state(ema))
 
     def _submit(self, epoch: int, source: Any, attempts: int = 0) -> None:
         self.sources[epoch] = source
         shapes = {k: tuple(v.shape) for k, v in self.trainer.loss_items.items()}
-        if self.pool is not None and self.local is not None:
+        if self.pool is not None:  # the thread runner (self.local beside it)
+            assert self.local is not None
             state, ready = source if isinstance(source, tuple) else (source, None)
             handle = self.pool.submit(self.local.validate, epoch, state, shapes, ready)
         else:
@@ -363,10 +362,11 @@ class AsyncValidation:
         kept = awaiting_dir(self.weights_dir, epoch)
         result = self.results.get(epoch)
         if result is not None and result.is_best and (kept / "last.pt").exists():
-            partial = self.trainer.best.with_name(f".{self.trainer.best.name}.partial")
-            partial.unlink(missing_ok=True)
-            os.link(kept / "last.pt", partial)
-            os.replace(partial, self.trainer.best)  # a rename: a reader sees the old best.pt or the new one
+            # a name of its own: the writer thread clears its `.best.pt.partial` at every save
+            staged = self.trainer.best.with_name(f".{self.trainer.best.name}.promoting")
+            staged.unlink(missing_ok=True)
+            os.link(kept / "last.pt", staged)
+            os.replace(staged, self.trainer.best)  # a rename: a reader sees the old best.pt or the new one
         shutil.rmtree(kept, ignore_errors=True)
 
     def close(self) -> None:
@@ -385,11 +385,11 @@ def _done(handle: Any) -> bool:
     return bool(ready)
 
 
-def _host_state(module: nn.Module) -> tuple[dict[str, torch.Tensor], bool]:
+def _host_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """The module's state dict on the host, each tensor in storage of its own (one transfer per dtype)."""
     keys, values = zip(*module.state_dict().items(), strict=True)
-    copies, finite = host_copies(list(values))
-    return {k: v.clone() for k, v in zip(keys, copies, strict=True)}, finite
+    copies, _ = host_copies(list(values))
+    return {k: v.clone() for k, v in zip(keys, copies, strict=True)}
 
 
 def _complete_csv_row(csv_path: Path, epoch: int, metrics: dict[str, float]) -> None:

@@ -83,7 +83,7 @@ class TrainConfig:
     close_mosaic: int = 10
     patience: int = 100
     val: bool = True
-    # validate each epoch's EMA weights in a Ray actor of its own while training goes on (yolo_ray/async_val.py)
+    # validate each epoch's EMA weights beside training instead of stopping it (yolo_ray/async_val.py)
     val_async: bool = False
     # where: thread (in rank 0's training process, on a CUDA stream of its own) | actor (a Ray actor of its own)
     val_runner: Literal["thread", "actor"] = "thread"

@@ -115,7 +115,7 @@ def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tupl
 
 
 def _val_async(cfg: ExperimentConfig) -> dict | None:
-    """The validation actor's settings for the workers (async_val.ValAsyncSettings), or None: inline."""
+    """The validator's settings for the workers (async_val.ValAsyncSettings), or None: inline."""
     t = cfg.train
     if not t.val_async:
         return None

@@ -74,7 +74,7 @@ class RayTrainer(BaseTrainer):
         self.channels_last = channels_last
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.in_final_eval = False
-        self.val_async = val_async  # validation by an actor of its own (async_val.py); rank 0 holds `async_val`
+        self.val_async = val_async  # validation beside training (async_val.py); rank 0 holds `async_val`
         self.async_val: Any = None
         self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
         self.shard_indices: list[int] = []
@@ -159,8 +159,8 @@ class RayTrainer(BaseTrainer):
 
     def validate(self) -> tuple[dict | None, float | None]:
         """Ultralytics' per-epoch validation, timed: with large batches it can cost more than the epoch's training.
-        With train.val_async rank 0 hands the epoch to the validation actor instead (fitness None: Ultralytics'
-        stopper and best.pt wait for the result, async_val.py applies it); the other ranks go straight on."""
+        With train.val_async rank 0 hands the epoch to its validator instead (fitness None: Ultralytics' stopper and
+        best.pt wait for the result, async_val.py applies it); the other ranks go straight on."""
         if self.val_async and not self.in_final_eval:
             if self.async_val is not None:
                 return self.async_val.epoch_end()

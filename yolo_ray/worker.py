@@ -202,8 +202,9 @@ def unvalidated_epochs(run_dir: Path, epochs_done: int) -> list[int]:
     lined = {r["epoch"] - 1 for r in read_history(run_dir)}
     out = []
     for epoch in async_val.awaiting_epochs(weights):
-        if epoch >= epochs_done or epoch in lined or not (async_val.awaiting_dir(weights, epoch) / "row.json").exists():
-            shutil.rmtree(async_val.awaiting_dir(weights, epoch), ignore_errors=True)
+        kept = async_val.awaiting_dir(weights, epoch)
+        if epoch >= epochs_done or epoch in lined or not (kept / "row.json").exists():
+            shutil.rmtree(kept, ignore_errors=True)
         else:
             out.append(epoch)
     return out
@@ -275,7 +276,7 @@ class EpochReporter:
     def on_train_start(self, trainer: Any) -> None:
         if self.rank == 0:  # the weights this attempt starts from (a resumed one: the checkpoint's)
             self.start_digest = trainer.parameter_digest(as_saved=True)
-        if trainer.async_val is not None:  # the validation actor starts while the first epoch trains
+        if trainer.async_val is not None:  # the validator starts while the first epoch trains
             trainer.async_val.start()
 
     def on_train_epoch_start(self, trainer: Any) -> None:
