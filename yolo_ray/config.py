@@ -50,13 +50,20 @@ class DataConfig:
     synthetic: SyntheticData = field(default_factory=SyntheticData)
     # ultralytics: its DataLoader (CPU decode + augmentation in loader processes);
     # device: images decoded once into device memory, whole batches augmented there (yolo_ray/data/device_loader.py)
-    loader: Literal["ultralytics", "device"] = "ultralytics"
+    # stream: compressed images read through Ray Data (a local split or `train: s3://...`), decoded near the GPU,
+    # augmented as `device` does; memory does not grow with the dataset (yolo_ray/data/stream_loader.py)
+    loader: Literal["ultralytics", "device", "stream"] = "ultralytics"
     # device loader only. replicated: every worker holds all images (reshuffled across workers each epoch);
     # sharded: each holds a fixed 1/num_workers of them (N workers hold N times more); auto: replicated if that fits
     device_cache: Literal["auto", "replicated", "sharded"] = "auto"
     # the share of a split's images that may be unusable (corrupt, too small, bad label rows): Ultralytics skips them,
     # yolo_ray names them; above it the run is refused before it starts
     max_bad_fraction: float = 0.01
+    # stream only. Where images are decoded: cpu (OpenCV in Ray Data tasks, on any node's CPUs), device (JPEG with
+    # nvJPEG on the GPU, others with OpenCV in the worker: compressed bytes travel), auto (cpu: faster on one H200)
+    stream_decode: Literal["auto", "device", "cpu"] = "auto"
+    stream_buffer: int = 0  # images kept on the device for mosaic partners; 0: min(images, 8 x batch, 1000)
+    s3_endpoint: str = ""  # an S3-compatible server (http://host:port) for `train: s3://...`; "": AWS_ENDPOINT_URL
 
 
 @dataclass
@@ -118,6 +125,7 @@ class RunSection:
     ray_address: str | None = None  # None: RAY_ADDRESS, else a local Ray started for this run
     fail_at_epoch: int | None = None  # fault injection: raise after this epoch's checkpoint (first attempt)
     fail_rank: int = 0
+    fail_at_batch: int | None = None  # with fail_at_epoch: fail in the next epoch after this many batches instead
     fail_val_at_epoch: int | None = None  # fault injection (train.val_async): the validator dies on this epoch, once
     profile_steps: int = 0  # > 0: torch.profiler over this many steps of epoch 2 on rank 0 (profile.txt/.json)
     verbose: bool = False  # true: Ray's and Ultralytics' own output too (start-up, tables, per-batch bars)
@@ -496,6 +504,13 @@ def check_static(cfg: ExperimentConfig) -> None:
             f"{r.fail_at_epoch} is outside 1..epochs-1 ({t.epochs - 1}).",
             "pick an epoch after which training still has epochs left, or null.",
         )
+    if r.fail_at_batch is not None and (r.fail_at_epoch is None or r.fail_at_batch < 1):
+        raise ConfigError(
+            s,
+            "run.fail_at_batch",
+            f"is {r.fail_at_batch}: it fails a worker after that many batches of the epoch after run.fail_at_epoch.",
+            "set it to 1 or more together with run.fail_at_epoch, or null.",
+        )
     if r.profile_steps < 0:
         raise ConfigError(s, "run.profile_steps", "must be >= 0.", "set it to 0 (off) or a number of steps, e.g. 20.")
     if not RUN_NAME.fullmatch(r.name):  # `..` or `a/b` would put the run outside run.storage_path
@@ -589,7 +604,24 @@ def check_cuda_graphs(cfg: ExperimentConfig) -> None:
 
 
 def check_device_loader(cfg: ExperimentConfig) -> None:
-    if cfg.data.loader != "device":
+    """The device loader's (and the stream loader's, which augments with it) settings."""
+    d = cfg.data
+    if d.loader != "stream":
+        for key, value, default in (
+            ("stream_decode", d.stream_decode, "auto"),
+            ("stream_buffer", d.stream_buffer, 0),
+            ("s3_endpoint", d.s3_endpoint, ""),
+        ):
+            if value != default:
+                raise ConfigError(
+                    cfg.source,
+                    f"data.{key}",
+                    f"is {value!r}, but data.loader is {d.loader}: only the stream loader reads it.",
+                    f"set data.loader: stream, or remove data.{key}.",
+                )
+    if d.stream_buffer < 0:
+        raise ConfigError(cfg.source, "data.stream_buffer", "must be >= 0.", "set 0 (Ultralytics' rule) or a count.")
+    if d.loader not in ("device", "stream"):
         if cfg.data.device_cache != "auto":
             raise ConfigError(
                 cfg.source,
@@ -598,12 +630,19 @@ def check_device_loader(cfg: ExperimentConfig) -> None:
                 "set data.loader: device, or remove data.device_cache.",
             )
         return
+    if d.loader == "stream" and d.device_cache != "auto":
+        raise ConfigError(
+            cfg.source,
+            "data.device_cache",
+            f"is {d.device_cache}: the stream loader caches nothing (a ring of recent images for mosaic).",
+            "remove data.device_cache (or use data.loader: device).",
+        )
     for key, what in DEVICE_LOADER_UNSUPPORTED.items():
         if cfg.train.extra.get(key):
             raise ConfigError(
                 cfg.source,
                 f"train.extra.{key}",
-                f"is {cfg.train.extra[key]}: it {what} data.loader=device does not implement.",
+                f"is {cfg.train.extra[key]}: it {what} data.loader={d.loader} does not implement.",
                 f"remove train.extra.{key} (or set it to 0), or set data.loader: ultralytics.",
             )
 

@@ -23,6 +23,10 @@ RAY_NOISE = (
     # Ray Train 2.60 logs every report at INFO under a logger named by its file path, which its own log-level
     # filter (RunConfig.logging_config) does not reach; the driver prints each epoch itself
     "Reporting training result",
+    # Ray Data's split coordinator (data.loader=stream) at the end of every epoch's pass over the dataset
+    "execution finished in",
+    "Registered dataset logger for dataset",
+    "Starting execution of Dataset",
 )
 
 

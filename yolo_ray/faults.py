@@ -1,6 +1,8 @@
-"""Fault injection: make one rank raise right after a chosen epoch's checkpoint, on the first attempt only.
+"""Fault injection: make one rank raise right after a chosen epoch's checkpoint (or `batch` batches into the next
+epoch: a failure mid-epoch), on the first attempt only.
 
-Set `run.fail_at_epoch` / `run.fail_rank` in the config, or YOLO_RAY_FAIL_AT="EPOCH[:RANK]" in the environment.
+Set `run.fail_at_epoch` / `run.fail_rank` / `run.fail_at_batch` in the config, or YOLO_RAY_FAIL_AT="EPOCH[:RANK]"
+in the environment.
 After the failure Ray restarts the worker group, which resumes from that epoch's checkpoint and so never fails again.
 """
 
@@ -20,6 +22,7 @@ class InjectedFault(RuntimeError):
 class FaultPlan:
     epoch: int | None = None  # 1-based epoch after whose checkpoint the rank fails
     rank: int = 0
+    batch: int | None = None  # fail after this many batches of epoch + 1 instead of at its start
 
     @classmethod
     def from_config(cls, fault: dict | None) -> FaultPlan:
@@ -28,7 +31,8 @@ class FaultPlan:
             epoch, _, rank = env.partition(":")
             return cls(int(epoch), int(rank or 0))
         if fault and fault.get("epoch") is not None:
-            return cls(int(fault["epoch"]), int(fault.get("rank", 0)))
+            batch = fault.get("batch")
+            return cls(int(fault["epoch"]), int(fault.get("rank", 0)), None if batch is None else int(batch))
         return cls()
 
     def due(self, epoch_about_to_start: int, resumed_from: int | None) -> bool:
@@ -39,8 +43,14 @@ class FaultPlan:
             return False
         return resumed_from is None or resumed_from < self.epoch
 
-    def maybe_fail(self, rank: int, epoch_about_to_start: int, resumed_from: int | None) -> None:
-        """Called at the start of every epoch (1-based); fails once, on the attempt that got past `epoch`."""
-        if rank != self.rank or not self.due(epoch_about_to_start, resumed_from):
+    def maybe_fail(
+        self, rank: int, epoch_about_to_start: int, resumed_from: int | None, batches_done: int | None = None
+    ) -> None:
+        """Called at the start of every epoch (1-based; batches_done None) and after each batch (batches_done: of
+        that epoch); fails once, on the attempt that got past `epoch`."""
+        if rank != self.rank or batches_done != self.batch or not self.due(epoch_about_to_start, resumed_from):
             return
-        raise InjectedFault(f"yolo_ray fault injection: rank {rank} fails after epoch {self.epoch}'s checkpoint")
+        where = f"epoch {self.epoch}'s checkpoint"
+        if self.batch:
+            where = f"{batches_done} batches into epoch {self.epoch + 1}"
+        raise InjectedFault(f"yolo_ray fault injection: rank {rank} fails after {where}")

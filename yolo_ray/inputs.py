@@ -149,6 +149,13 @@ def check_task_paths(cfg: ExperimentConfig, task: str) -> None:
             "moved too.",
             "use data.loader=ultralytics (Ultralytics' own loader, which augments every task's labels).",
         )
+    if cfg.data.loader == "stream" and task != "detect":
+        raise ConfigError(
+            cfg.source,
+            "data.loader",
+            f"is `stream`, which reads detection labels (boxes) only; a {task} model needs its own labels.",
+            "use data.loader=device (detect, pose) or ultralytics (every task) for this model.",
+        )
     if cfg.train.cuda_graphs and not tasks.get(task).cuda_graphs:
         raise ConfigError(
             cfg.source,

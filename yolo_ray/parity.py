@@ -28,7 +28,8 @@ from yolo_ray.bench import GRAPHS, BenchSettings, device_path, run_variant, thro
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
 
-PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "valinline", "valasync", "valthread")
+PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "valinline", "valasync", "valthread", "stream",
+         "streamcpu")  # fmt: skip
 DEFAULT_PATHS = PATHS[:5]
 # the fast path validating every epoch (the others validate once, at the end): inline, or by its own actor on a
 # quarter of the GPU (train.val_async, async_val.py): what validation costs the training GPU's epoch
@@ -65,6 +66,7 @@ class ParitySettings:
     # comma-separated result JSONs of earlier calls (FILE or FILE:path+path to take only those paths' runs): their
     # runs join the table and are not run again, unless `runs` names them (a re-run replaces it and is compared)
     merge: str = ""
+    data: str = ""  # a data.yaml to train on instead of the generated set (e.g. benchmarks/link_dataset.py's)
 
     @classmethod
     def cpu(cls) -> ParitySettings:
@@ -138,6 +140,9 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
         "graphs": [*use, *device_path(BenchSettings()), *GRAPHS],
         "throughput": [*use, *device_path(BenchSettings()), *GRAPHS],
     }
+    # the fast path with data.loader=stream: nvJPEG on the training device, or OpenCV in Ray Data's CPU tasks
+    stream = [*use, "data.loader=stream", *fast, *([] if cpu else GRAPHS)]
+    args["stream"], args["streamcpu"] = stream, [*stream, "data.stream_decode=cpu"]
     for v, extra in VALIDATING.items():  # the fast path (graphs on a GPU), validating every epoch
         on_gpu = [] if cpu else [*GRAPHS, *(SHARED_GPU if v == "valasync" else [])]
         args[v] = [*use, *device_path(BenchSettings()), *on_gpu, *extra]
@@ -160,9 +165,12 @@ def _overrides(p: ParitySettings, entry: Entry) -> list[str]:
             validation.append(f"train.val_cpus={val_cpus}")
     else:
         validation = ["train.val=false"]  # validated once, at the last epoch: the scorers below judge the final weights
+    if entry.path.startswith("stream"):  # the training process and its decoding threads; the rest reads the stream
+        cpus = min(cpus, 2) if cpus > 2 else 0.5
+    data = [f"data.path={Path(p.data).resolve()}"] if p.data else ["data.path=synthetic"]
     return [
         f"model={p.model}",
-        "data.path=synthetic",
+        *data,
         f"data.dir={p.data_dir}",
         "data.synthetic.style=real",
         f"data.synthetic.images={p.images}",
@@ -459,7 +467,7 @@ def _data(p: ParitySettings) -> tuple[Path, dict[str, Any]]:
     from yolo_ray.data.synth import SynthSpec, ensure
 
     spec = SynthSpec(images=p.images, imgsz=p.imgsz, classes=p.classes, seed=p.data_seed, style="real")
-    data_yaml = ensure(p.data_dir, spec)
+    data_yaml = Path(p.data).resolve() if p.data else ensure(p.data_dir, spec)
     Path(p.out_dir).mkdir(parents=True, exist_ok=True)
     return data_yaml, coco_eval.ground_truth(data_yaml)
 

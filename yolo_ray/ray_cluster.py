@@ -138,6 +138,7 @@ def resolve(cfg: ExperimentConfig) -> Scaling:
     if not sc.autoscaling:
         check_capacity(cfg, scaling, nodes)
         check_room_for_validation(cfg, scaling, nodes)
+        check_room_for_stream(cfg, scaling, nodes)
     return scaling
 
 
@@ -151,13 +152,15 @@ def auto_cpus_per_worker(
     (Ultralytics' loader on an H200: 524 images/s against 641 with the node's CPUs, native 613).
     CPU workers (gloo) get 1: there the two ranks' compute is the CPU."""
     if not use_gpu or gpus_per_worker <= 0:
-        return 1.0
+        return 0.5 if cfg.data.loader == "stream" else 1.0  # stream: Ray Data's reading needs CPUs of its own
     shares = [
         int((n["Resources"].get("CPU", 0) - 1) * gpus_per_worker // n["Resources"]["GPU"])
         for n in nodes
         if n["Resources"].get("GPU", 0) >= 1
     ]
-    return float(max(1, min([cfg.train.workers + 1, *shares])))
+    # stream: no loader processes; the training process's threads (PNG decoding, copies), the rest to Ray Data
+    loader_cpus = 2 if cfg.data.loader == "stream" else cfg.train.workers + 1
+    return float(max(1, min([loader_cpus, *shares])))
 
 
 def check_room_for_validation(cfg: ExperimentConfig, s: Scaling, nodes: list[dict]) -> None:
@@ -184,6 +187,25 @@ def check_room_for_validation(cfg: ExperimentConfig, s: Scaling, nodes: list[dic
             "train.val_cpus",
             f"{t.val_cpus:g} CPU for the validation actor, but the workers leave {max(cpus_left, 0):g}.",
             "lower train.val_cpus or scaling.cpus_per_worker.",
+        )
+
+
+STREAM_MIN_CPUS = 1.0  # CPUs Ray Data needs beside the workers to read (and maybe decode) the stream
+
+
+def check_room_for_stream(cfg: ExperimentConfig, s: Scaling, nodes: list[dict]) -> None:
+    """data.loader=stream: Ray Data's reading tasks need CPUs the workers do not hold (else they never run and
+    the first epoch waits forever)."""
+    if cfg.data.loader != "stream":
+        return
+    left = sum(n["Resources"].get("CPU", 0) for n in nodes) - s.num_workers * s.cpus_per_worker
+    if left < STREAM_MIN_CPUS - 1e-9:
+        raise ConfigError(
+            cfg.source,
+            "scaling.cpus_per_worker",
+            f"{s.num_workers} workers x {s.cpus_per_worker:g} CPU leave {max(left, 0):g} of the cluster's CPUs, but "
+            f"data.loader=stream needs at least {STREAM_MIN_CPUS:g} for Ray Data to read the images.",
+            "lower scaling.cpus_per_worker (auto leaves room), or add CPU nodes.",
         )
 
 

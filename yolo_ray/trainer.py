@@ -66,8 +66,10 @@ class RayTrainer(BaseTrainer):
         channels_last: bool = False,
         cuda_graphs: bool = False,
         val_async: bool = False,
+        stream: dict | None = None,
     ):
         self.ray_device = device
+        self.stream = stream  # data.loader=stream: {images, rows, buffer} (launcher._stream_plan)
         self.sync_bn = sync_bn
         self.loader = loader
         self.device_cache = device_cache
@@ -109,6 +111,8 @@ class RayTrainer(BaseTrainer):
             self.shard_indices = [int(i) for i in sampler]
 
     def get_dataloader(self, dataset_path: str, batch_size: int = 16, rank: int = 0, mode: str = "train") -> Any:
+        if mode == "train" and self.loader == "stream":
+            return self._stream_loader(batch_size)
         if mode != "train" or self.loader != "device":
             return super().get_dataloader(dataset_path, batch_size, rank, mode)
         from yolo_ray.data import device_loader
@@ -124,6 +128,32 @@ class RayTrainer(BaseTrainer):
         cache = device_loader.DeviceCache.build(dataset, self.args.imgsz, self.device, threads, ids=ids)
         hyp = device_loader.AugmentHyp.from_args(self.args)
         return device_loader.DeviceLoader(dataset, cache, batch_size, grank, world, hyp, self.args.seed)
+
+    def _stream_loader(self, batch_size: int) -> Any:
+        """This rank's shard of the Ray Dataset the launcher handed TorchTrainer (data.loader=stream)."""
+        import ray.train
+
+        from yolo_ray.data import device_loader, stream_loader
+
+        return stream_loader.StreamLoader(
+            ray.train.get_dataset_shard("train"),
+            images=self.stream["images"],
+            rows=self.stream["rows"],
+            batch_size=batch_size,
+            rank=dist.get_rank() if dist.is_initialized() else 0,
+            world_size=max(self.world_size, 1),
+            hyp=device_loader.AugmentHyp.from_args(self.args),
+            seed=self.args.seed,
+            device=self.device,
+            imgsz=self.args.imgsz,
+            ring_rows=self.stream["buffer"],
+            record_dir=Path(self.save_dir).parent / "ranks" / "stream",
+        )
+
+    def plot_training_labels(self) -> None:
+        if self.loader == "stream":  # the plots need every label file, which the stream reads only as it goes
+            return
+        super().plot_training_labels()
 
     def _sharded_cache(self, images: int) -> bool:
         """data.device_cache: `auto` shards only when a full copy does not fit on every rank; all ranks agree (a

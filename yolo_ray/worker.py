@@ -90,6 +90,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             channels_last=config["channels_last"],
             cuda_graphs=config["cuda_graphs"],
             val_async=val_async is not None,
+            stream=config.get("stream"),
         )
         stack.callback(trainer.writer.close)  # on the way out: final_eval flushed the saves (or drain() waited)
         user_callbacks.attach(trainer, [user_callbacks.UserCallback(**c) for c in config.get("callbacks", [])], rank)
@@ -252,6 +253,7 @@ class EpochReporter:
         self.trainer, self.run_dir, self.resumed_from, self.fault = trainer, run_dir, resumed_from, fault
         self.rank = ray.train.get_context().get_world_rank()
         self.t_epoch = self.t_train_end = 0.0
+        self.batches = 0  # of this epoch (mid-epoch fault injection)
         self.start_digest = ""
         self.persisting: dict[int, threading.Event] = {}  # epoch -> set once its checkpoint is on storage
         self.lines = HistoryLines(run_dir, (resumed_from or 0) + 1, needs_val=False)
@@ -271,6 +273,8 @@ class EpochReporter:
         self.trainer.add_callback("on_train_start", self.on_train_start)
         self.trainer.add_callback("on_train_epoch_start", self.on_train_epoch_start)
         self.trainer.add_callback("on_train_epoch_end", self.on_train_epoch_end)
+        if self.fault.batch is not None:
+            self.trainer.add_callback("on_train_batch_end", self.on_train_batch_end)
         self.trainer.add_callback("on_fit_epoch_end", self.on_fit_epoch_end)
 
     def on_train_start(self, trainer: Any) -> None:
@@ -286,6 +290,11 @@ class EpochReporter:
             _barrier()
         self.fault.maybe_fail(rank=self.rank, epoch_about_to_start=epoch, resumed_from=self.resumed_from)
         self.t_epoch = time.perf_counter()
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer: Any) -> None:
+        self.batches += 1
+        self.fault.maybe_fail(self.rank, trainer.epoch + 1, self.resumed_from, batches_done=self.batches)
 
     def on_train_epoch_end(self, trainer: Any) -> None:
         self.t_train_end = time.perf_counter()
@@ -414,6 +423,7 @@ def write_rank_record(trainer: Any, run_dir: Path, ctx: Any, device: torch.devic
         "accumulate": trainer.accumulate,
         "shard_indices_epoch0": trainer.shard_indices,
         "cached_images": len(trainer.train_loader.cache) if hasattr(trainer.train_loader, "cache") else None,
+        "ring_images": trainer.train_loader.ring.size if hasattr(trainer.train_loader, "ring") else None,
         "loader_epochs": getattr(trainer.train_loader, "epochs_served", None),  # device loader: epoch of each pass
     }
     out = run_dir / "ranks"

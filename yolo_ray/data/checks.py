@@ -24,7 +24,7 @@ import yaml
 
 from yolo_ray import tasks
 from yolo_ray.config import ConfigError, ExperimentConfig
-from yolo_ray.data import synth
+from yolo_ray.data import stream_source, synth
 
 SPLITS = ("train", "val")
 SHOWN_BAD = 5  # unusable files named in a message
@@ -48,6 +48,7 @@ class Dataset:
     data: dict[str, Any]
     splits: dict[str, Split]
     task: str = "detect"
+    stream: stream_source.StreamIndex | None = None  # data.loader=stream: the train split's files as it reads them
 
     @property
     def names(self) -> dict[int, str]:
@@ -86,7 +87,7 @@ class Dataset:
         data["path"] = str(self.data["path"])
         for name in SPLITS:
             entry = self.data[name]
-            if isinstance(entry, str) and Path(entry).is_dir():
+            if stream_source.is_uri(entry) or isinstance(entry, str) and Path(entry).is_dir():
                 data[name] = entry  # a folder Ultralytics lists itself: already absolute
             else:  # a .txt list or several entries: one list of absolute image paths
                 listed = out_dir / f"data-{name}.txt"
@@ -116,13 +117,21 @@ def prepare(cfg: ExperimentConfig, task: str = "detect") -> Dataset:
 
 def check(data_yaml: Path, cfg: ExperimentConfig, task: str = "detect") -> Dataset:
     source, key = cfg.source, f"data.path ({data_yaml})"
-    _load_yaml(data_yaml, source)
+    remote = stream_source.is_uri(_load_yaml(data_yaml, source)["train"])
     data = _resolved(data_yaml, source, key)
     kpt_shape = _kpt_shape(data, task, source, key)
-    splits = {name: Split(_images(data[name], source, key, name)) for name in SPLITS}
-    for name, split in splits.items():
-        _scan(split, LabelRule(len(data["names"]), task, source, key, kpt_shape))
-        _refuse_unusable(split, name, cfg, key)
+    splits, stream = {}, None
+    if remote:  # listed, not scanned: the stream reads it
+        data["train"] = _remote_train(data_yaml, cfg, key)
+        stream = stream_source.index(data["train"], source, key, cfg.data.s3_endpoint)
+        splits["train"] = Split([f"s3://{im}" for im in stream.images], labelled=sum(map(bool, stream.labels)))
+    for name in SPLITS:
+        if name not in splits:
+            splits[name] = Split(_images(data[name], source, key, name))
+            _scan(splits[name], LabelRule(len(data["names"]), task, source, key, kpt_shape))
+            _refuse_unusable(splits[name], name, cfg, key)
+    if cfg.data.loader == "stream" and stream is None:
+        stream = stream_source.index(str(data["train"]), source, key, local_images=splits["train"].images)
     if not splits["val"].labelled:
         raise ConfigError(
             source,
@@ -130,7 +139,20 @@ def check(data_yaml: Path, cfg: ExperimentConfig, task: str = "detect") -> Datas
             f"none of its {len(splits['val'].images)} val images has a label: mAP cannot be measured.",
             "put YOLO label files under the val split's labels/ folder, or point `val:` at a labelled split.",
         )
-    return Dataset(data_yaml.resolve(), data, splits, task)
+    return Dataset(data_yaml.resolve(), data, splits, task, stream)
+
+
+def _remote_train(data_yaml: Path, cfg: ExperimentConfig, key: str) -> str:
+    """The train split's URI as written (Ultralytics' check made it a local path), for the stream loader only."""
+    entry = yaml.safe_load(data_yaml.read_text(encoding="utf-8-sig"))["train"]
+    if cfg.data.loader != "stream":
+        raise ConfigError(
+            cfg.source,
+            key,
+            f"its train split {entry} is in object storage; data.loader={cfg.data.loader} reads local files only.",
+            "set data.loader: stream (it reads s3:// splits through Ray Data), or copy the split to a local folder.",
+        )
+    return entry
 
 
 def _kpt_shape(data: dict[str, Any], task: str, source: str, key: str) -> tuple[int, int]:

@@ -1,0 +1,58 @@
+"""The stream loader's device decoding (nvJPEG + a bilinear resize on the GPU) against OpenCV's (Ultralytics'
+load_image), image by image on a split: mean and largest |difference| in grey levels, by format, and decode speed.
+
+    python benchmarks/decode_probe.py datasets/scale10000/train/images 512 [--out FILE]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from yolo_ray.data.stream_loader import Decoder, decode_cpu, resize_cpu
+
+
+def probe(folder: Path, n: int, imgsz: int = 640, batch: int = 64) -> dict:
+    files = sorted(folder.iterdir())[:n]
+    data = [f.read_bytes() for f in files]
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    decoder = Decoder(imgsz, dev, threads=8)
+    diffs: dict[str, list[float]] = {}
+    worst = 0.0
+    for i in range(0, len(files), batch):
+        got = decoder(
+            np.array(data[i : i + batch] + [b""], dtype=object)[:-1], np.array([str(f) for f in files[i : i + batch]])
+        )
+        for f, d, im in zip(files[i : i + batch], data[i : i + batch], got, strict=True):
+            want = resize_cpu(decode_cpu(d, str(f)), imgsz)
+            assert tuple(im.shape) == want.shape, (f, im.shape, want.shape)
+            diff = np.abs(im.cpu().numpy().astype(int) - want.astype(int))
+            diffs.setdefault(f.suffix, []).append(float(diff.mean()))
+            worst = max(worst, float(diff.max()))
+    timings = {}
+    for name, fn in (("device", lambda c: decoder(c, np.array(["x"] * len(c)))),
+                     ("opencv_1_thread", lambda c: [resize_cpu(decode_cpu(x, "x"), imgsz) for x in c])):  # fmt: skip
+        chunk = np.array(data[:batch] + [b""], dtype=object)[:-1]
+        fn(chunk)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(3):
+            fn(chunk)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        timings[name] = round(3 * len(chunk) / (time.perf_counter() - t), 1)
+    return {"images": len(files), "mean_abs_diff": {k: round(float(np.mean(v)), 3) for k, v in diffs.items()},
+            "max_abs_diff": worst, "images_per_s": timings, "device": str(dev)}  # fmt: skip
+
+
+if __name__ == "__main__":
+    out = probe(Path(sys.argv[1]), int(sys.argv[2]))
+    print(json.dumps(out, indent=1))
+    if "--out" in sys.argv:
+        Path(sys.argv[sys.argv.index("--out") + 1]).write_text(json.dumps(out, indent=1))
