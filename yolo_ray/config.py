@@ -50,7 +50,7 @@ class DataConfig:
     synthetic: SyntheticData = field(default_factory=SyntheticData)
     # ultralytics: its DataLoader (CPU decode + augmentation in loader processes);
     # device: images decoded once into device memory, whole batches augmented there (yolo_ray/data/device_loader.py)
-    # stream: compressed images read through Ray Data (a local split or `train: s3://...`), decoded near the GPU,
+    # stream: images read through Ray Data (a local split or `train: s3://...`), decoded on its CPUs or the GPU,
     # augmented as `device` does; memory does not grow with the dataset (yolo_ray/data/stream_loader.py)
     loader: Literal["ultralytics", "device", "stream"] = "ultralytics"
     # device loader only. replicated: every worker holds all images (reshuffled across workers each epoch);

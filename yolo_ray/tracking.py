@@ -184,8 +184,8 @@ def run_tags(cfg: ExperimentConfig) -> dict[str, str]:
 
 # Keys that describe how a run was driven, not what it trained: left out of its MLflow params.
 NOT_PARAMS = (
-    "run.fail_at_epoch", "run.fail_rank", "run.fail_val_at_epoch", "run.ray_address", "run.verbose",
-    "tracking.tags", "tracking.outage_grace_s",
+    "run.fail_at_epoch", "run.fail_rank", "run.fail_at_batch", "run.fail_val_at_epoch", "run.ray_address",
+    "run.verbose", "tracking.tags", "tracking.outage_grace_s",
 )  # fmt: skip
 
 

@@ -1,9 +1,10 @@
-"""data.loader=stream: training images read as compressed files through Ray Data, decoded near the GPU, augmented
-there by the device loader's batched augmentation (device_loader.augment_batch). Nothing grows with the dataset:
+"""data.loader=stream: training images read through Ray Data, decoded on its CPUs (or on the GPU), augmented on the
+GPU by the device loader's batched augmentation (device_loader.augment_batch). Nothing grows with the dataset:
 
-    Ray Data (any node's CPUs): shuffled rows -> read image bytes + label text (-> decode + resize, data.stream_decode:
-    cpu) -> streaming split, one shard per Train worker -> this rank: decode (nvJPEG, `device`) + resize to long
-    side = imgsz -> ring buffer on the device -> mosaic (partners from the ring) + affine + HSV + flips (one kernel)
+    Ray Data (any node's CPUs): shuffled rows -> read image bytes + label text (-> decode + resize with OpenCV:
+    data.stream_decode cpu, the default) -> equal split, one shard per Train worker -> this rank, on a thread of its
+    own: (decode with nvJPEG + resize to long side imgsz: `device`) + label tensors -> the training thread: ring
+    buffer on the device -> mosaic (partners from the ring) + affine + HSV + flips (one kernel)
 
 Each epoch Ray Data executes the pipeline again: a new shuffle (seeded by train.seed and the execution's index), an
 equal split across the workers (the rows are padded to a multiple of the workers as DistributedSampler pads), so every
