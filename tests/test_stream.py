@@ -238,7 +238,8 @@ def test_ring_mosaic_keeps_the_device_loaders_statistics(scenes: Path) -> None:
         images = [cache.images[r, : int(cache.hw[r, 0]), : int(cache.hw[r, 1])] for r in rows]
         labels = [_yolo_rows(cache, r) for r in rows]
         hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)
-        slots = ring.add(stream_loader.Prepared(rows, [], images, hw, *stream_loader.label_tensors(labels, hw)))
+        rows_labels = [{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in labels]
+        slots = ring.add(stream_loader.Prepared(rows, [], images, hw, device_loader.label_tensors(rows_labels, hw)))
         streamed.append(device_loader.augment_batch(ring.view(), slots, hyp, g))
     a, b = _stats(full), _stats(streamed)
     assert ring.labels.boxes.shape[1] >= max(len(x) for x in labels)  # grew past 4 boxes

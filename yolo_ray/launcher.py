@@ -132,8 +132,8 @@ def _stream_plan(cfg: ExperimentConfig, dataset: Any, workers: int) -> dict | No
     """What a worker needs to know of the stream (data.loader=stream): images, rows once padded, ring size."""
     if dataset.stream is None:
         return None
-    images = len(dataset.stream.images)
-    return {"images": images, "rows": images + (-images) % workers, "buffer": cfg.data.stream_buffer}
+    stream = dataset.stream
+    return {"images": len(stream.images), "rows": stream.padded(workers), "buffer": cfg.data.stream_buffer}
 
 
 def _stream_datasets(cfg: ExperimentConfig, dataset: Any, scaling: Any) -> dict | None:

@@ -117,12 +117,13 @@ def prepare(cfg: ExperimentConfig, task: str = "detect") -> Dataset:
 
 def check(data_yaml: Path, cfg: ExperimentConfig, task: str = "detect") -> Dataset:
     source, key = cfg.source, f"data.path ({data_yaml})"
-    remote = stream_source.is_uri(_load_yaml(data_yaml, source)["train"])
+    train = _load_yaml(data_yaml, source)["train"]  # as written: Ultralytics' check makes a URI a local path
+    remote = stream_source.is_uri(train)
     data = _resolved(data_yaml, source, key)
     kpt_shape = _kpt_shape(data, task, source, key)
     splits, stream = {}, None
     if remote:  # listed, not scanned: the stream reads it
-        data["train"] = _remote_train(data_yaml, cfg, key)
+        data["train"] = _remote_train(train, cfg, key)
         stream = stream_source.index(data["train"], source, key, cfg.data.s3_endpoint)
         splits["train"] = Split([f"s3://{im}" for im in stream.images], labelled=sum(map(bool, stream.labels)))
     for name in SPLITS:
@@ -142,9 +143,8 @@ def check(data_yaml: Path, cfg: ExperimentConfig, task: str = "detect") -> Datas
     return Dataset(data_yaml.resolve(), data, splits, task, stream)
 
 
-def _remote_train(data_yaml: Path, cfg: ExperimentConfig, key: str) -> str:
-    """The train split's URI as written (Ultralytics' check made it a local path), for the stream loader only."""
-    entry = yaml.safe_load(data_yaml.read_text(encoding="utf-8-sig"))["train"]
+def _remote_train(entry: str, cfg: ExperimentConfig, key: str) -> str:
+    """The train split's URI, for the stream loader only."""
     if cfg.data.loader != "stream":
         raise ConfigError(
             cfg.source,

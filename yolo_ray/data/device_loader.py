@@ -123,7 +123,7 @@ class DeviceCache:
                 staging.fill_(int(PAD))
                 list(pool.map(load, part, range(len(part))))
                 images[start : start + len(part)].copy_(staging[: len(part)], non_blocking=False)
-        labels = _label_tensors([dataset.labels[i] for i in rows], hw, getattr(dataset, "use_keypoints", False))
+        labels = label_tensors([dataset.labels[i] for i in rows], hw, getattr(dataset, "use_keypoints", False))
         flip_idx = (dataset.data.get("flip_idx") or None) if labels.keypoints is not None else None
         return cls(images, hw.to(device), labels.to(device), ids, flip_idx)
 
@@ -197,8 +197,9 @@ class Labels(NamedTuple):
         return Labels(*(None if t is None else t.to(device) for t in self))
 
 
-def _label_tensors(labels: list[dict], hw: torch.Tensor, keypoints: bool = False) -> Labels:
-    """Ultralytics' per-image labels (normalised xywh, keypoints normalised xy) as padded pixel tensors."""
+def label_tensors(labels: list[dict], hw: torch.Tensor, keypoints: bool = False) -> Labels:
+    """Ultralytics' per-image labels (normalised xywh, keypoints normalised xy) as padded pixel tensors of each
+    image at its size hw (the cache's; the stream loader's ring too)."""
     k = max(1, max(len(lb["cls"]) for lb in labels))
     n = len(labels)
     boxes = torch.zeros(n, k, 4)

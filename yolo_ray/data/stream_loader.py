@@ -22,7 +22,6 @@ import math
 import os
 import queue
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -31,7 +30,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from yolo_ray.data.device_loader import PAD, AugmentHyp, DeviceCache, Labels, augment_batch
+from yolo_ray.data.device_loader import (
+    PAD,
+    AugmentHyp,
+    DeviceCache,
+    Labels,
+    augment_batch,
+    decode_threads,
+    label_tensors,
+)
 from yolo_ray.data.stream_source import Filesystem
 
 FETCH_THREADS = 16  # concurrent reads per Ray Data task: object storage is latency-bound
@@ -154,22 +161,7 @@ class Prepared(NamedTuple):
     files: list[str]
     images: list[torch.Tensor]  # RGB HWC uint8, long side imgsz
     hw: torch.Tensor  # [B, 2]
-    boxes: torch.Tensor  # [B, M, 4] xyxy pixels of the resized image
-    cls: torch.Tensor  # [B, M]
-    valid: torch.Tensor  # [B, M] bool
-
-
-def label_tensors(labels: list[np.ndarray], hw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Label-file rows (class, normalised xywh) as padded pixel xyxy boxes of each resized image."""
-    b, m = len(labels), max([len(lb) for lb in labels] + [1])
-    boxes, cls, valid = torch.zeros(b, m, 4), torch.zeros(b, m), torch.zeros(b, m, dtype=torch.bool)
-    for i, lb in enumerate(labels):
-        if len(lb):
-            h, w = hw[i].tolist()
-            xywh = torch.from_numpy(lb[:, 1:]) * torch.tensor([w, h, w, h])
-            boxes[i, : len(lb)] = torch.cat([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], 1)
-            cls[i, : len(lb)], valid[i, : len(lb)] = torch.from_numpy(lb[:, 0]), True
-    return boxes, cls, valid
+    labels: Labels  # boxes in pixels of the resized images (no keypoints)
 
 
 class RingCache:
@@ -190,7 +182,7 @@ class RingCache:
     def add(self, batch: Prepared) -> torch.Tensor:
         """A prepared batch into the next slots (on the training thread's stream, after the kernels that read the
         slots before); returns its slots."""
-        b, m = len(batch.images), batch.boxes.shape[1]
+        b, m = len(batch.images), batch.labels.boxes.shape[1]
         slots = (torch.arange(b) + self.next) % self.size
         if m > self.labels.boxes.shape[1]:
             self._grow(m)
@@ -200,7 +192,7 @@ class RingCache:
         self.hw[on] = batch.hw.to(self.device)
         self.labels.valid[on] = False
         self.labels.boxes[on, :m], self.labels.cls[on, :m], self.labels.valid[on, :m] = (
-            t.to(self.device, non_blocking=True) for t in (batch.boxes, batch.cls, batch.valid)
+            t.to(self.device, non_blocking=True) for t in batch.labels[:3]
         )
         self.next = (self.next + b) % self.size
         self.filled = min(self.size, self.filled + b)
@@ -256,7 +248,7 @@ class StreamIndexDataset:
     labels (the label plots: none here, they would need every label file read)."""
 
     def __init__(self, images: int):
-        self.images, self.labels, self.im_files = images, [], []
+        self.images, self.labels = images, []
 
     def __len__(self) -> int:
         return self.images
@@ -305,11 +297,10 @@ class StreamLoader:
         self.dataset = StreamIndexDataset(images)
         self.sampler = EpochSampler(rows // max(1, world_size))
         self.ring = RingCache(ring_size(len(self.sampler), batch_size, ring_rows), imgsz, device)
-        self.decoder = Decoder(imgsz, device, threads=_threads())
+        self.decoder = Decoder(imgsz, device, threads=decode_threads())
         self.epochs_served: list[int] = []
         record_dir.mkdir(parents=True, exist_ok=True)
         self.record = open(record_dir / f"rank{rank}.{os.getpid()}.jsonl", "a")
-        self.wait_s = 0.0  # time this rank waited on Ray Data for a batch, this epoch
 
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
@@ -333,7 +324,6 @@ class StreamLoader:
                     img, targets = augment_batch(self.ring.view(), slots, self.hyp, g)
                 size = [(self.ring.imgsz, self.ring.imgsz)] * len(batch.files)
                 yield {**targets, "img": img, "im_file": batch.files, "ori_shape": size, "resized_shape": size}
-        self.wait_s = batches.wait_s
 
     def prepare(self, rows: dict[str, np.ndarray]) -> Prepared:
         """Ray Data's rows -> decoded, resized images on the device and label tensors (the producer thread)."""
@@ -343,8 +333,9 @@ class StreamLoader:
         else:
             images = self.decoder(rows["data"], rows["file"])
         hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)
-        boxes, cls, valid = label_tensors([parse_labels(t) for t in rows["label_text"]], hw)
-        return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], images, hw, boxes, cls, valid)
+        parsed = [parse_labels(t) for t in rows["label_text"]]
+        labels = label_tensors([{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in parsed], hw)
+        return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], images, hw, labels)
 
     def close_mosaic(self) -> None:
         self.hyp.mosaic = 0.0
@@ -368,7 +359,6 @@ class Prefetched:
     def __init__(self, items: Any, depth: int):
         self.items, self.queue = items, queue.Queue(maxsize=depth)
         self.stop = threading.Event()
-        self.wait_s = 0.0  # the consumer's time blocked on the next item
         self.thread = threading.Thread(target=self._run, name="yolo_ray-stream-prefetch", daemon=True)
 
     def __enter__(self) -> Prefetched:
@@ -400,20 +390,12 @@ class Prefetched:
 
     def __iter__(self) -> Any:
         while True:
-            t = time.perf_counter()
             item = self.queue.get()
-            self.wait_s += time.perf_counter() - t
             if item is self._END:
                 return
             if isinstance(item, BaseException):
                 raise item
             yield item
-
-
-def _threads() -> int:
-    from yolo_ray.data.device_loader import decode_threads
-
-    return decode_threads()
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:

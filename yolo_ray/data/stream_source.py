@@ -41,8 +41,16 @@ class Filesystem:
     once per process."""
 
     kind: str = "local"  # local | s3
-    endpoint: str = ""  # S3-compatible server (http://host:port); "" = AWS_ENDPOINT_URL, else AWS itself
+    endpoint: str = ""  # S3-compatible server (http://host:port); "": AWS itself
     region: str = ""
+
+    @classmethod
+    def s3(cls, endpoint: str = "") -> Filesystem:
+        """Endpoint and region resolved on the driver (config, else its AWS_* environment), so the reading tasks on
+        every node use the ones the driver checked."""
+        env = os.environ.get
+        endpoint = endpoint or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL") or ""
+        return cls("s3", endpoint, env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "")
 
     def open(self) -> Any:
         return _pyarrow_fs(self)
@@ -58,14 +66,12 @@ def _pyarrow_fs(spec: Filesystem) -> Any:
 
     if spec.kind == "local":
         return pafs.LocalFileSystem()
-    endpoint = spec.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
     kwargs: dict[str, Any] = {"connect_timeout": 5, "request_timeout": 30}
-    if endpoint:
-        url = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+    if spec.endpoint:
+        url = urlparse(spec.endpoint if "://" in spec.endpoint else f"https://{spec.endpoint}")
         kwargs.update(endpoint_override=url.netloc, scheme=url.scheme)
-    region = spec.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if region:
-        kwargs["region"] = region
+    if spec.region:
+        kwargs["region"] = spec.region
     return pafs.S3FileSystem(**kwargs)
 
 
@@ -79,12 +85,16 @@ class StreamIndex:
     labels: list[str]
     where: str  # the split as the user named it (for messages)
 
+    def padded(self, multiple: int) -> int:
+        """How many rows: the images padded to a multiple of `multiple` (the workers), as DistributedSampler pads."""
+        return len(self.images) + (-len(self.images)) % max(1, multiple)
+
     def rows(self, multiple: int = 1) -> list[dict[str, Any]]:
-        """One row per image, padded by wrapping to a multiple of `multiple` (the workers), as DistributedSampler
-        pads: every worker then takes as many rows, so every rank steps as often."""
+        """One row per image, then the first ones again up to padded(multiple): every worker takes as many rows,
+        so every rank steps as often."""
         pairs = enumerate(zip(self.images, self.labels, strict=True))
         rows = [{"id": i, "image": im, "label": lb} for i, (im, lb) in pairs]
-        return rows + rows[: (-len(rows)) % max(1, multiple)]
+        return rows + rows[: self.padded(multiple) - len(rows)]
 
 
 def index(entry: str, source: str, key: str, endpoint: str = "", local_images: list[str] | None = None) -> StreamIndex:
@@ -93,9 +103,7 @@ def index(entry: str, source: str, key: str, endpoint: str = "", local_images: l
         images = sorted(local_images or [])
         labels = [label_path(im) for im in images]
         return StreamIndex(Filesystem("local"), images, [lb if os.path.isfile(lb) else "" for lb in labels], entry)
-    # the endpoint resolved here, so reading tasks on other nodes use the one the driver checked
-    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
-    fs = Filesystem("s3", endpoint)
+    fs = Filesystem.s3(endpoint)
     prefix = entry.split("://", 1)[1].strip("/")
     images = _list(fs, prefix, entry, source, key, images=True)
     labels = set(_list(fs, label_path(prefix + "/x.jpg").rpartition("/")[0], entry, source, key, images=False))
