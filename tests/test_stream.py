@@ -90,9 +90,11 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 @pytest.fixture(scope="module")
 def scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Real-shaped scenes (many sizes and aspect ratios, crowds, small objects, clutter, empty, grey and PNG)."""
+    """Real-shaped scenes (many sizes and aspect ratios, crowds, small objects, clutter, empty, grey and PNG), one
+    class: with three, 10 epochs at 160 px on 2 CPUs left mAP50 at 0.0006-0.0037 and recall at 0.02-0.14 (one CI run
+    under the recall bar); with one, 8 epochs reach 0.0107 and 0.20."""
     out = tmp_path_factory.mktemp("scenes")
-    generate(out, SynthSpec(images=TRAIN_IMAGES, imgsz=160, classes=3, seed=3, style="real"))
+    generate(out, SynthSpec(images=TRAIN_IMAGES, imgsz=160, classes=1, seed=3, style="real"))
     return out
 
 
@@ -260,7 +262,7 @@ def _yolo_rows(cache: device_loader.DeviceCache, r: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------- a run from the bucket
 
-STREAM_EPOCHS, FAIL_AFTER_EPOCH, FAIL_AT_BATCH = 10, 4, 3
+STREAM_EPOCHS, FAIL_AFTER_EPOCH, FAIL_AT_BATCH = 8, 4, 3
 
 
 @pytest.fixture(scope="module")
@@ -288,11 +290,11 @@ def test_streamed_run_learns(s3_run: Path) -> None:
     judges how well: README, Benchmarks); the losses fall steadily across the failure and resume."""
     history = read_jsonl(s3_run / "history.jsonl")
     assert [h["epoch"] for h in history] == list(range(1, STREAM_EPOCHS + 1))
-    maps = [h["mAP50"] for h in history]  # two runs here: 0 for 3 epochs, then 0.0033 and 0.0006 at epoch 10
-    assert maps[-1] > max(maps[:3]) and history[-1]["recall"] > 0.05, maps  # (recall 0.14 and 0.11)
+    maps = [h["mAP50"] for h in history]  # here: 0 for 3 epochs, 0.0107 at epoch 8 (recall 0.20)
+    assert maps[-1] > max(maps[:3]) and history[-1]["recall"] > 0.05, maps
     losses = [h["train/box_loss"] + h["train/cls_loss"] for h in history]
     assert losses[-1] < 0.7 * losses[0] and losses[FAIL_AFTER_EPOCH] < losses[0], losses
-    val_box = [h["val/box_loss"] for h in history]  # 5.77 -> 3.78
+    val_box = [h["val/box_loss"] for h in history]  # 5.05 -> 3.14
     assert val_box[-1] < 0.8 * val_box[0], val_box
     summary = json.loads((s3_run / "summary.json").read_text())
     assert summary["status"] == "finished" and math.isfinite(summary["final"]["mAP50-95"])
@@ -310,8 +312,8 @@ def test_every_image_once_per_epoch_and_the_records_say_what_the_failure_saw(s3_
     assert sorted(k[0] for k in failed) == sorted(k[0] for k in resumed) == [0, 1] and len(files) == 4
     seen_by_failing_rank = [r for k, v in failed.items() if k[0] == 1 for r in v if r["epoch"] == FAIL_AFTER_EPOCH]
     assert len(seen_by_failing_rank) == FAIL_AT_BATCH
+    orders = []  # rank 0's order of each epoch, over both attempts
     for group, epochs in ((failed, range(FAIL_AFTER_EPOCH)), (resumed, range(FAIL_AFTER_EPOCH, STREAM_EPOCHS))):
-        orders = []
         for e in epochs:
             ids = [i for v in group.values() for r in v if r["epoch"] == e for i in r["ids"]]
             per_rank = Counter(k[0] for k, v in group.items() for r in v if r["epoch"] == e for _ in r["ids"])
@@ -319,7 +321,8 @@ def test_every_image_once_per_epoch_and_the_records_say_what_the_failure_saw(s3_
             assert per_rank[0] == per_rank[1] == (TRAIN_IMAGES + 1) // 2
             orders.append([i for k, v in sorted(group.items()) if k[0] == 0 for r in v if r["epoch"] == e
                            for i in r["ids"]])  # fmt: skip
-        assert len({tuple(o) for o in orders}) == len(orders)  # reshuffled every epoch
+    # reshuffled every epoch, the resumed ones included (a restarted group seeded as the first replayed epoch 0's)
+    assert len({tuple(o) for o in orders}) == len(orders) == STREAM_EPOCHS
     ranks = [json.loads((s3_run / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["ring_images"] for r in ranks] == [stream_loader.ring_size(126, 8)] * 2
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]

@@ -46,23 +46,10 @@ from torch import nn
 
 from yolo_ray.checkpoint_writer import AWAITING_PREFIX, awaiting_dir, host_copies
 from yolo_ray.console import say
+from yolo_ray.worker_plan import ValAsyncSettings
 
 VAL_ATTEMPTS = 3  # submissions of one epoch's validation before it is given up
 MAX_LAG = 2  # epochs of training a validation may run behind
-
-
-@dataclass(frozen=True)
-class ValAsyncSettings:
-    """What the driver decides for the validator (crosses the process boundary as a dict)."""
-
-    runner: str = "thread"  # thread: a thread of rank 0's process, its own CUDA stream; actor: a Ray actor of its own
-    gpus: float = 0.0
-    cpus: float = 1.0
-    fail_at_epoch: int | None = None  # fault injection: validating this (0-based) epoch fails, once (Validator)
-
-    @classmethod
-    def from_config(cls, value: dict | None) -> ValAsyncSettings | None:
-        return None if value is None else cls(**value)
 
 
 def awaiting_epochs(weights_dir: Path) -> list[int]:

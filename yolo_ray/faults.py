@@ -24,16 +24,14 @@ class FaultPlan:
     rank: int = 0
     batch: int | None = None  # fail after this many batches of epoch + 1 instead of at its start
 
-    @classmethod
-    def from_config(cls, fault: dict | None) -> FaultPlan:
+    def or_env(self) -> FaultPlan:
+        """The plan YOLO_RAY_FAIL_AT="EPOCH[:RANK]" in this process's environment sets, else this one (the config's:
+        the driver's WorkerPlan)."""
         env = os.environ.get(ENV_VAR)
-        if env:
-            epoch, _, rank = env.partition(":")
-            return cls(int(epoch), int(rank or 0))
-        if fault and fault.get("epoch") is not None:
-            batch = fault.get("batch")
-            return cls(int(fault["epoch"]), int(fault.get("rank", 0)), None if batch is None else int(batch))
-        return cls()
+        if not env:
+            return self
+        epoch, _, rank = env.partition(":")
+        return FaultPlan(int(epoch), int(rank or 0))
 
     def due(self, epoch_about_to_start: int, resumed_from: int | None) -> bool:
         """Whether the planned failure comes now (on its rank): at the start of the epoch after `epoch`, on the

@@ -11,9 +11,11 @@ import yaml
 
 from yolo_ray import inputs, run_lock, user_callbacks
 from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.faults import FaultPlan
 from yolo_ray.metrics import headline
 from yolo_ray.progress import EpochConsole
 from yolo_ray.summary import write_summary
+from yolo_ray.worker_plan import BatchRule, StreamPlan, ValAsyncSettings, WorkerPlan
 
 
 def train(cfg: ExperimentConfig, callbacks: list | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
@@ -114,30 +116,39 @@ def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tupl
     return out
 
 
-def _val_async(cfg: ExperimentConfig) -> dict | None:
-    """The validator's settings for the workers (async_val.ValAsyncSettings), or None: inline."""
-    t = cfg.train
-    if not t.val_async:
-        return None
-    fail = cfg.run.fail_val_at_epoch
-    return {
-        "runner": t.val_runner,
-        "gpus": t.val_gpus,
-        "cpus": t.val_cpus,
-        "fail_at_epoch": None if fail is None else fail - 1,
-    }
+def plan_workers(
+    cfg: ExperimentConfig, checked: inputs.Inputs, data_yaml: Path, run_dir: Path, scaling: Any
+) -> WorkerPlan:
+    """Everything a Ray Train worker needs, decided once here (worker_plan.py)."""
+    t, run, stream = cfg.train, cfg.run, checked.dataset.stream
+    val_async = None
+    if t.val_async:
+        fail = None if run.fail_val_at_epoch is None else run.fail_val_at_epoch - 1
+        val_async = ValAsyncSettings(t.val_runner, t.val_gpus, t.val_cpus, fail)
+    return WorkerPlan(
+        overrides=inputs.ultralytics_overrides(cfg, checked.model, data_yaml, run_dir / "train", checked.task),
+        run_dir=str(run_dir),
+        batch=BatchRule(t.batch, t.accumulate, scaling.num_workers),
+        loader=cfg.data.loader,
+        device_cache=cfg.data.device_cache,
+        sync_bn=t.sync_bn,
+        channels_last=t.channels_last,
+        cuda_graphs=t.cuda_graphs,
+        profile_steps=run.profile_steps,
+        fault=FaultPlan(run.fail_at_epoch, run.fail_rank, run.fail_at_batch),
+        val_async=val_async,
+        stream=None
+        if stream is None
+        else StreamPlan(len(stream.images), stream.padded(scaling.num_workers), cfg.data.stream_buffer),  # fmt: skip
+        export=cfg.tracking.enabled and cfg.tracking.register,
+        callbacks=tuple(user_callbacks.parse(t.callbacks, cfg.source)),
+        verbose=run.verbose,
+    )
 
 
-def _stream_plan(cfg: ExperimentConfig, dataset: Any, workers: int) -> dict | None:
-    """What a worker needs to know of the stream (data.loader=stream): images, rows once padded, ring size."""
-    if dataset.stream is None:
-        return None
-    stream = dataset.stream
-    return {"images": len(stream.images), "rows": stream.padded(workers), "buffer": cfg.data.stream_buffer}
-
-
-def _stream_datasets(cfg: ExperimentConfig, dataset: Any, scaling: Any) -> dict | None:
-    """data.loader=stream: the Ray Dataset of the train split's files, split across the workers by Ray Train."""
+def _stream_datasets(cfg: ExperimentConfig, dataset: Any, scaling: Any, run_dir: Path) -> dict | None:
+    """data.loader=stream: the Ray Dataset of the train split's files, split across the workers by Ray Train; built
+    by Ray Train's controller at each worker-group start (stream_loader.AttemptPipeline)."""
     if dataset.stream is None:
         return None
     from yolo_ray.data import stream_loader
@@ -145,8 +156,8 @@ def _stream_datasets(cfg: ExperimentConfig, dataset: Any, scaling: Any) -> dict 
     on_cpu = cfg.data.stream_decode != "device"  # auto: OpenCV in Ray Data tasks, measured faster on one H200 host
     rows = dataset.stream.rows(multiple=scaling.num_workers)
     per_worker = max(1, cfg.train.batch // scaling.num_workers)
-    data = stream_loader.pipeline(
-        rows, dataset.stream.fs, cfg.train.imgsz, on_cpu, cfg.train.seed, per_worker, cfg.run.verbose
+    data = stream_loader.AttemptPipeline(
+        rows, dataset.stream.fs, cfg.train.imgsz, on_cpu, cfg.train.seed, per_worker, str(run_dir), cfg.run.verbose
     )
     return {"train": data}
 
@@ -194,24 +205,7 @@ def _fit(
     drop_torn_ray_snapshot(run_dir)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            "overrides": inputs.ultralytics_overrides(cfg, checked.model, data_yaml, run_dir / "train", checked.task),
-            "run_dir": str(run_dir),
-            "sync_bn": cfg.train.sync_bn,
-            "loader": cfg.data.loader,
-            "device_cache": cfg.data.device_cache,
-            "channels_last": cfg.train.channels_last,
-            "cuda_graphs": cfg.train.cuda_graphs,
-            "profile_steps": cfg.run.profile_steps,
-            "fault": {"epoch": cfg.run.fail_at_epoch, "rank": cfg.run.fail_rank, "batch": cfg.run.fail_at_batch},
-            "val_async": _val_async(cfg),
-            "stream": _stream_plan(cfg, checked.dataset, scaling.num_workers),
-            "export": cfg.tracking.enabled and cfg.tracking.register,
-            "callbacks": [vars(c) for c in user_callbacks.parse(cfg.train.callbacks, cfg.source)],
-            "verbose": cfg.run.verbose,
-            # each (re)start splits the global batch for the group's size then (batch_plan)
-            "batch": {"batch": cfg.train.batch, "accumulate": cfg.train.accumulate, "max_world": scaling.num_workers},
-        },
+        train_loop_config={"plan": plan_workers(cfg, checked, data_yaml, run_dir, scaling)},
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.ray_num_workers,
             elastic_resize_monitor_interval_s=cfg.scaling.elastic_resize_interval_s,
@@ -233,7 +227,7 @@ def _fit(
             logging_config=ray.LoggingConfig(log_level="INFO" if cfg.run.verbose else "WARNING"),
         ),
         torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
-        datasets=_stream_datasets(cfg, checked.dataset, scaling),
+        datasets=_stream_datasets(cfg, checked.dataset, scaling, run_dir),
     )
     try:
         with EpochConsole(run_dir, cfg.train.epochs):

@@ -37,6 +37,21 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def newest_checkpoint(dirs: list[Path]) -> tuple[int, Path] | None:
+    """(epoch, directory) of the newest complete epoch checkpoint among `dirs`: its meta.json (written last, by
+    worker.EpochReporter) names the epoch and last.pt's size; one partly written or partly copied is passed over."""
+    best: tuple[int, Path] | None = None
+    for d in dirs:
+        try:
+            meta = json.loads((d / "meta.json").read_text())
+            complete = (d / "last.pt").stat().st_size == meta["last_pt_bytes"]
+        except (OSError, KeyError, ValueError):
+            continue
+        if complete and (best is None or meta["epoch"] > best[0]):
+            best = (meta["epoch"], d)
+    return best
+
+
 def _ranks(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
 

@@ -40,6 +40,7 @@ from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distri
 from yolo_ray import tasks
 from yolo_ray.checkpoint_writer import CheckpointWriter, weights_digest
 from yolo_ray.console import say
+from yolo_ray.worker_plan import StreamPlan
 
 
 def trainer_class(task: str) -> type[RayTrainer]:
@@ -66,10 +67,10 @@ class RayTrainer(BaseTrainer):
         channels_last: bool = False,
         cuda_graphs: bool = False,
         val_async: bool = False,
-        stream: dict | None = None,
+        stream: StreamPlan | None = None,
     ):
         self.ray_device = device
-        self.stream = stream  # data.loader=stream: {images, rows, buffer} (launcher._stream_plan)
+        self.stream = stream  # data.loader=stream (worker_plan.StreamPlan)
         self.sync_bn = sync_bn
         self.loader = loader
         self.device_cache = device_cache
@@ -137,8 +138,8 @@ class RayTrainer(BaseTrainer):
 
         return stream_loader.StreamLoader(
             ray.train.get_dataset_shard("train"),
-            images=self.stream["images"],
-            rows=self.stream["rows"],
+            images=self.stream.images,
+            rows=self.stream.rows,
             batch_size=batch_size,
             rank=dist.get_rank() if dist.is_initialized() else 0,
             world_size=max(self.world_size, 1),
@@ -146,7 +147,7 @@ class RayTrainer(BaseTrainer):
             seed=self.args.seed,
             device=self.device,
             imgsz=self.args.imgsz,
-            ring_rows=self.stream["buffer"],
+            ring_rows=self.stream.buffer,
             record_dir=Path(self.save_dir).parent / "ranks" / "stream",
         )
 

@@ -23,22 +23,23 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from yolo_ray import async_val, batch_plan, faults, user_callbacks
-from yolo_ray.async_val import AsyncValidation, ValAsyncSettings
+from yolo_ray import async_val, faults, user_callbacks
+from yolo_ray.async_val import AsyncValidation
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
 from yolo_ray.metrics import epoch_metrics, final_metrics, final_record
 from yolo_ray.progress import ProgressWriter
-from yolo_ray.summary import append_history, read_history, write_history
+from yolo_ray.summary import append_history, newest_checkpoint, read_history, write_history
+from yolo_ray.worker_plan import ValAsyncSettings, WorkerPlan
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """config: launcher.train's train_loop_config (Ultralytics overrides, run_dir, sync_bn, loader, channels_last,
-    profile_steps, fault, export)."""
+def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
+    """config: {"plan": the driver's WorkerPlan} (launcher.plan_workers)."""
     from yolo_ray import ultralytics_env
 
-    ultralytics_env.set_offline_env(verbose=config.get("verbose", False))
-    if not config.get("verbose"):
+    plan = config["plan"]
+    ultralytics_env.set_offline_env(verbose=plan.verbose)
+    if not plan.verbose:
         # DDP compares a gradient's strides with its bucket's, size-1 dimensions included: a depthwise conv's
         # [C, 1, 3, 3] weight whose gradient comes back channels-last (the device loader's images are) is the same
         # memory order, and DDP warns once per rank that it is not
@@ -53,13 +54,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     from yolo_ray.trainer import trainer_class  # imports ultralytics: only after Ray set the ranks
 
-    run_dir = Path(config["run_dir"])
-    overrides = dict(config["overrides"])
+    run_dir = Path(plan.run_dir)
+    overrides = dict(plan.overrides)
     overrides["device"] = "cpu" if device.type == "cpu" else str(device.index)
-    if config["batch"]["accumulate"] is not None:  # this start's group size (elastic groups resize): batch_plan
-        overrides.update(batch_plan.plan(**config["batch"], world=world_size).ultralytics())
-
-    val_async = ValAsyncSettings.from_config(config.get("val_async"))
+    overrides.update(plan.batch.ultralytics(world_size))  # this start's group size (elastic groups resize)
+    val_async = plan.val_async
     with ExitStack() as stack:
         if rank == 0:
             remove_stale_staging(run_dir / "train" / "weights")
@@ -72,7 +71,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if resumed_from is not None and resumed_from >= overrides["epochs"]:
             # every epoch trained and saved, but the run stopped before its end (a driver killed after the last
             # checkpoint): Ultralytics refuses to resume a finished schedule, so do what is left of it
-            finish_trained_run(config, run_dir, overrides, resumed_from, rank)
+            finish_trained_run(plan, run_dir, overrides, resumed_from, rank)
             return
         if ckpt_dir is not None:
             overrides["resume"] = str(Path(ckpt_dir) / "last.pt")
@@ -84,27 +83,27 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             nbs=overrides.get("nbs"),  # a resumed run's last.pt holds the nbs of the size it was saved at
             device=device,
             world_size=world_size,
-            sync_bn=config["sync_bn"],
-            loader=config["loader"],
-            device_cache=config["device_cache"],
-            channels_last=config["channels_last"],
-            cuda_graphs=config["cuda_graphs"],
+            sync_bn=plan.sync_bn,
+            loader=plan.loader,
+            device_cache=plan.device_cache,
+            channels_last=plan.channels_last,
+            cuda_graphs=plan.cuda_graphs,
             val_async=val_async is not None,
-            stream=config.get("stream"),
+            stream=plan.stream,
         )
         stack.callback(trainer.writer.close)  # on the way out: final_eval flushed the saves (or drain() waited)
-        user_callbacks.attach(trainer, [user_callbacks.UserCallback(**c) for c in config.get("callbacks", [])], rank)
-        reporter = EpochReporter(trainer, run_dir, resumed_from, faults.FaultPlan.from_config(config.get("fault")))
+        user_callbacks.attach(trainer, list(plan.callbacks), rank)
+        reporter = EpochReporter(trainer, run_dir, resumed_from, plan.fault.or_env())
         reporter.attach()
         if rank == 0 and val_async is not None:
             reporter.validate_async(val_async, revalidate)
             stack.callback(trainer.async_val.close)
         if rank == 0:
             ProgressWriter(run_dir).attach(trainer)
-        if rank == 0 and config["profile_steps"]:
+        if rank == 0 and plan.profile_steps:
             from yolo_ray.profiling import StepProfiler
 
-            StepProfiler(run_dir, config["profile_steps"]).attach(trainer)
+            StepProfiler(run_dir, plan.profile_steps).attach(trainer)
         try:
             trainer.train()
         except BaseException:
@@ -113,7 +112,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         write_rank_record(trainer, run_dir, ctx, device, resumed_from)
         if rank == 0:
             (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics(trainer), indent=2))
-            if config.get("export") and trainer.best.exists():
+            if plan.export and trainer.best.exists():
                 export_best(trainer.best, Path(overrides["data"]), trainer.args.imgsz, run_dir)
 
 
@@ -127,9 +126,7 @@ def export_best(best: Path, data: Path, imgsz: int, run_dir: Path) -> None:
     export_and_check(best, sorted(split_images(data, "val"))[:4], imgsz, out)  # the driver reports it
 
 
-def finish_trained_run(
-    config: dict[str, Any], run_dir: Path, overrides: dict[str, Any], epochs: int, rank: int
-) -> None:
+def finish_trained_run(plan: WorkerPlan, run_dir: Path, overrides: dict[str, Any], epochs: int, rank: int) -> None:
     """For a run whose every epoch is saved: what Ultralytics' final_eval and yolo_ray's end of training do (validate
     best.pt, final_metrics.json, the export). Every rank validates the whole val split alone, as the CPU final_eval
     does: Ultralytics' dataset set-up holds a barrier for all ranks; rank 0 writes the results."""
@@ -156,7 +153,7 @@ def finish_trained_run(
         return
     final = final_record(epochs, metrics.results_dict, metrics.names, overrides.get("task", "detect"))
     (run_dir / "final_metrics.json").write_text(json.dumps(final, indent=2))
-    if config.get("export"):
+    if plan.export:
         export_best(best, Path(overrides["data"]), overrides["imgsz"], run_dir)
 
 
@@ -168,16 +165,8 @@ def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | Non
     registered = ray.train.get_checkpoint()
     if registered is not None:
         candidates.append(Path(stack.enter_context(registered.as_directory())))
-    best: tuple[int, str] | None = None
-    for d in candidates:
-        try:
-            meta = json.loads((d / "meta.json").read_text())
-            complete = (d / "last.pt").stat().st_size == meta["last_pt_bytes"]
-        except (OSError, KeyError, ValueError):
-            continue  # partly written
-        if complete and (best is None or meta["epoch"] > best[0]):
-            best = (meta["epoch"], str(d))
-    return (best[1], best[0]) if best else (None, None)
+    newest = newest_checkpoint(candidates)
+    return (str(newest[1]), newest[0]) if newest else (None, None)
 
 
 def reconcile_history(run_dir: Path, ckpt_dir: Path, awaiting: set[int] | None = None) -> None:

@@ -6,7 +6,8 @@ GPU by the device loader's batched augmentation (device_loader.augment_batch). N
     own: (decode with nvJPEG + resize to long side imgsz: `device`) + label tensors -> the training thread: ring
     buffer on the device -> mosaic (partners from the ring) + affine + HSV + flips (one kernel)
 
-Each epoch Ray Data executes the pipeline again: a new shuffle (seeded by train.seed and the execution's index), an
+Each epoch Ray Data executes the pipeline again: a new shuffle (seeded by train.seed, the epoch the worker group
+started at, and the execution's index), an
 equal split across the workers (the rows are padded to a multiple of the workers as DistributedSampler pads), so every
 image is served once per epoch on one rank. Mosaic partners come from a ring of the last min(images, 8 x batch, 1000)
 decoded images (rounded up to whole batches): Ultralytics' own rule, its Mosaic draws from a buffer of that many
@@ -23,6 +24,7 @@ import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -40,6 +42,7 @@ from yolo_ray.data.device_loader import (
     label_tensors,
 )
 from yolo_ray.data.stream_source import Filesystem
+from yolo_ray.summary import newest_checkpoint
 
 FETCH_THREADS = 16  # concurrent reads per Ray Data task: object storage is latency-bound
 PREFETCH_BATCHES = 4  # batches Ray Data keeps ready for each rank
@@ -130,6 +133,31 @@ def pipeline(
         num_cpus=1 if decode_on_cpu else 0.5,
         batch_format="numpy",
     )
+
+
+@dataclass(frozen=True)
+class AttemptPipeline:
+    """The train Dataset as Ray Train's controller asks for it at each worker-group start (TorchTrainer takes a
+    callable). Ray Data counts executions afresh for each group, so a restarted group seeded as the first would
+    replay epoch 0's order in the epoch it resumes at: the seed takes in the epoch of the newest checkpoint in the
+    run directory, the one the workers resume from (worker.resume_point)."""
+
+    rows: list[dict[str, Any]]
+    fs: Filesystem
+    imgsz: int
+    decode_on_cpu: bool
+    seed: int
+    batch: int
+    run_dir: str
+    verbose: bool = False
+
+    def start_epoch(self) -> int:
+        newest = newest_checkpoint(list(Path(self.run_dir).glob("checkpoint_*")))
+        return newest[0] if newest else 0
+
+    def __call__(self) -> Any:
+        seed = (self.seed * 1_000_003 + self.start_epoch()) % 2**32
+        return pipeline(self.rows, self.fs, self.imgsz, self.decode_on_cpu, seed, self.batch, self.verbose)
 
 
 # --------------------------------------------------------------------------------------------- this rank's side
