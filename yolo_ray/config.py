@@ -602,6 +602,9 @@ def check_cuda_graphs(cfg: ExperimentConfig) -> None:
         if bad:
             raise ConfigError(cfg.source, "train.cuda_graphs", problem, fix)
 
+# what needs every train label up front, which the stream reads only as it serves them
+STREAM_UNSUPPORTED = {"cls_pw": "weighs classes by counting every train label up front, which"}
+
 
 def check_device_loader(cfg: ExperimentConfig) -> None:
     """The device loader's (and the stream loader's, which augments with it) settings."""
@@ -637,7 +640,8 @@ def check_device_loader(cfg: ExperimentConfig) -> None:
             f"is {d.device_cache}: the stream loader caches nothing (a ring of recent images for mosaic).",
             "remove data.device_cache (or use data.loader: device).",
         )
-    for key, what in DEVICE_LOADER_UNSUPPORTED.items():
+    unsupported = {**DEVICE_LOADER_UNSUPPORTED, **(STREAM_UNSUPPORTED if d.loader == "stream" else {})}
+    for key, what in unsupported.items():
         if cfg.train.extra.get(key):
             raise ConfigError(
                 cfg.source,
