@@ -284,3 +284,35 @@ def test_a_pose_dataset_with_a_bad_flip_idx_is_refused(tmp_path: Path, capsys: p
     data_yaml.write_text(yaml.safe_dump({**spec, "flip_idx": [0, 0, 3, 2]}))
     for text in both(capsys, tmp_path, f"data.path={data_yaml}", "model=yolo11n-pose.yaml", "data.loader=device"):
         assert "data.path" in text and "flip_idx [0, 0, 3, 2]" in text and "each of the 4 keypoints once" in text
+
+
+def test_the_workers_plan_is_decided_once_on_the_driver(
+    base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What crosses to every Ray Train worker is one frozen, typed plan that pickles as it is: Ultralytics' arguments,
+    the batch rule an elastic group applies at each size (the same images per optimizer step), faults (the
+    environment's YOLO_RAY_FAIL_AT read in the worker), and no stream or async validation unless asked for."""
+    import dataclasses
+    import pickle
+    from types import SimpleNamespace
+
+    from yolo_ray import config, inputs, launcher
+    from yolo_ray.faults import FaultPlan
+
+    cfg = config.load(None, [f"data.path={base / 'data.yaml'}", "train.batch=16", "train.accumulate=2",
+                             "scaling.num_workers=[1,4]", "run.fail_at_epoch=2", "run.fail_rank=1",
+                             f"run.storage_path={tmp_path}", "data.loader=device"])  # fmt: skip
+    checked = inputs.prepare(cfg)
+    run_dir = tmp_path / "run"
+    plan = launcher.plan_workers(cfg, checked, checked.dataset.write(run_dir), run_dir, SimpleNamespace(num_workers=4))
+    assert pickle.loads(pickle.dumps(plan)) == plan
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.loader = "ultralytics"  # type: ignore[misc]
+    assert plan.run_dir == str(run_dir) and plan.loader == "device" and plan.overrides["epochs"] == cfg.train.epochs
+    assert plan.stream is None and plan.val_async is None and plan.export  # MLflow on by default: ONNX registered
+    for world in (1, 2, 4):  # 4 images a worker at every size; accumulation keeps 32 images an optimizer step
+        args = plan.batch.ultralytics(world)
+        assert plan.batch.per_worker(world) == 4 and args == {"batch": 4 * world, "nbs": 32}
+    assert plan.fault == FaultPlan(2, 1, None) and plan.fault.or_env() == plan.fault
+    monkeypatch.setenv("YOLO_RAY_FAIL_AT", "3:0")
+    assert plan.fault.or_env() == FaultPlan(3, 0)

@@ -602,6 +602,7 @@ def check_cuda_graphs(cfg: ExperimentConfig) -> None:
         if bad:
             raise ConfigError(cfg.source, "train.cuda_graphs", problem, fix)
 
+
 # what needs every train label up front, which the stream reads only as it serves them
 STREAM_UNSUPPORTED = {"cls_pw": "weighs classes by counting every train label up front, which"}
 

@@ -146,19 +146,18 @@ def plan_workers(
     )
 
 
-def _stream_datasets(cfg: ExperimentConfig, dataset: Any, scaling: Any, run_dir: Path) -> dict | None:
+def _stream_datasets(cfg: ExperimentConfig, plan: WorkerPlan, dataset: Any, workers: int) -> dict | None:
     """data.loader=stream: the Ray Dataset of the train split's files, split across the workers by Ray Train; built
-    by Ray Train's controller at each worker-group start (stream_loader.AttemptPipeline)."""
+    by Ray Train's controller at each worker-group start (stream_loader.AttemptPipeline), a worker's batch a task."""
     if dataset.stream is None:
         return None
     from yolo_ray.data import stream_loader
 
     on_cpu = cfg.data.stream_decode != "device"  # auto: OpenCV in Ray Data tasks, measured faster on one H200 host
-    rows = dataset.stream.rows(multiple=scaling.num_workers)
-    per_worker = max(1, cfg.train.batch // scaling.num_workers)
     data = stream_loader.AttemptPipeline(
-        rows, dataset.stream.fs, cfg.train.imgsz, on_cpu, cfg.train.seed, per_worker, str(run_dir), cfg.run.verbose
-    )
+        dataset.stream.rows(multiple=workers), dataset.stream.fs, cfg.train.imgsz, on_cpu, cfg.train.seed,
+        plan.batch.per_worker(workers), plan.run_dir, cfg.run.verbose,
+    )  # fmt: skip
     return {"train": data}
 
 
@@ -171,12 +170,7 @@ def _fit(
     parent_run_id: str | None,
 ) -> dict[str, Any]:
     """Connect to Ray, start MLflow, run the TorchTrainer, write summary.json (the run directory locked)."""
-    import ray
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     from yolo_ray import ray_cluster
-    from yolo_ray.worker import train_loop_per_worker
 
     uri = None
     if cfg.tracking.enabled:
@@ -195,40 +189,16 @@ def _fit(
         tracker = tracking.Tracker(cfg, run_dir, uri, parent_run_id=parent_run_id)
         tracker.start(scaling, nodes, checked.dataset)
         tracker.follow()
+    plan = plan_workers(cfg, checked, data_yaml, run_dir, scaling)
     print(
         f"[yolo_ray] ray: {where} | workers: {scaling.describe()} x {'GPU' if scaling.use_gpu else 'CPU'} | global "
-        f"batch {cfg.train.batch} ({cfg.train.batch // scaling.num_workers} per worker at {scaling.num_workers}) | "
-        f"run dir: {run_dir}",
+        f"batch {cfg.train.batch} ({plan.batch.per_worker(scaling.num_workers)} per worker at {scaling.num_workers})"
+        f" | run dir: {run_dir}",
         flush=True,
     )
-
     drop_torn_ray_snapshot(run_dir)
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"plan": plan_workers(cfg, checked, data_yaml, run_dir, scaling)},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=scaling.ray_num_workers,
-            elastic_resize_monitor_interval_s=cfg.scaling.elastic_resize_interval_s,
-            use_gpu=scaling.use_gpu,
-            resources_per_worker={
-                "CPU": scaling.cpus_per_worker,
-                **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {}),
-            },
-            placement_strategy=scaling.placement_strategy,
-        ),
-        run_config=ray.train.RunConfig(
-            name=cfg.run.name,
-            storage_path=str(run_dir.parent),
-            failure_config=ray.train.FailureConfig(
-                max_failures=cfg.run.max_failures, max_preemption_failures=cfg.run.max_preemptions
-            ),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep),
-            callbacks=callbacks or None,
-            logging_config=ray.LoggingConfig(log_level="INFO" if cfg.run.verbose else "WARNING"),
-        ),
-        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
-        datasets=_stream_datasets(cfg, checked.dataset, scaling, run_dir),
-    )
+    datasets = _stream_datasets(cfg, plan, checked.dataset, scaling.num_workers)
+    trainer = _torch_trainer(cfg, plan, scaling, callbacks, datasets)
     try:
         with EpochConsole(run_dir, cfg.train.epochs):
             result = trainer.fit()
@@ -238,24 +208,52 @@ def _fit(
             tracker.stop_following()
             tracker.finish("failed")
         raise
-    summary = write_summary(
-        run_dir,
-        cfg,
-        scaling,
-        started,
-        status="finished",
-        checkpoint=result.checkpoint.path if result.checkpoint else None,
-    )
+    checkpoint = result.checkpoint.path if result.checkpoint else None
+    summary = write_summary(run_dir, cfg, scaling, started, status="finished", checkpoint=checkpoint)
     _say_exported(run_dir, started)
     if tracker:
         tracker.stop_following()
         summary["mlflow"] = {"tracking_uri": uri, **tracker.finish("finished")}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(
-        f"[yolo_ray] done: {headline(summary['final'])} | summary: {run_dir / 'summary.json'}",
-        flush=True,
-    )
+    print(f"[yolo_ray] done: {headline(summary['final'])} | summary: {run_dir / 'summary.json'}", flush=True)
     return summary
+
+
+def _torch_trainer(
+    cfg: ExperimentConfig, plan: WorkerPlan, scaling: Any, callbacks: list | None, datasets: dict | None
+) -> Any:
+    """Ray Train's TorchTrainer for the plan: the worker group's size and resources, storage, failure budgets."""
+    import ray
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from yolo_ray.worker import train_loop_per_worker
+
+    resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
+    run = cfg.run
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"plan": plan},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling.ray_num_workers,
+            elastic_resize_monitor_interval_s=cfg.scaling.elastic_resize_interval_s,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker=resources,
+            placement_strategy=scaling.placement_strategy,
+        ),
+        run_config=ray.train.RunConfig(
+            name=run.name,
+            storage_path=str(Path(plan.run_dir).parent),
+            failure_config=ray.train.FailureConfig(
+                max_failures=run.max_failures, max_preemption_failures=run.max_preemptions
+            ),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=run.checkpoints_to_keep),
+            callbacks=callbacks or None,
+            logging_config=ray.LoggingConfig(log_level="INFO" if run.verbose else "WARNING"),
+        ),
+        torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
+        datasets=datasets,
+    )
 
 
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the run's registered checkpoints

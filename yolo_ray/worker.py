@@ -35,39 +35,15 @@ from yolo_ray.worker_plan import ValAsyncSettings, WorkerPlan
 
 def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
     """config: {"plan": the driver's WorkerPlan} (launcher.plan_workers)."""
-    from yolo_ray import ultralytics_env
-
     plan = config["plan"]
-    ultralytics_env.set_offline_env(verbose=plan.verbose)
-    if not plan.verbose:
-        # DDP compares a gradient's strides with its bucket's, size-1 dimensions included: a depthwise conv's
-        # [C, 1, 3, 3] weight whose gradient comes back channels-last (the device loader's images are) is the same
-        # memory order, and DDP warns once per rank that it is not
-        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
-    ctx = ray.train.get_context()
+    ctx, device = _set_up_process(plan)
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
-    device = ray.train.torch.get_device()
-    if isinstance(device, list):  # several GPUs per worker: DDP still drives one
-        device = device[0]
-    ultralytics_env.disable_integrations()
-    ultralytics_env.quiet_progress_bars()
-
-    from yolo_ray.trainer import trainer_class  # imports ultralytics: only after Ray set the ranks
-
     run_dir = Path(plan.run_dir)
     overrides = dict(plan.overrides)
     overrides["device"] = "cpu" if device.type == "cpu" else str(device.index)
     overrides.update(plan.batch.ultralytics(world_size))  # this start's group size (elastic groups resize)
-    val_async = plan.val_async
     with ExitStack() as stack:
-        if rank == 0:
-            remove_stale_staging(run_dir / "train" / "weights")
-        ckpt_dir, resumed_from = _broadcast(resume_point(run_dir, stack))
-        revalidate = []  # epochs (0-based) trained and saved whose validation result never came back
-        if rank == 0 and val_async is not None:
-            revalidate = unvalidated_epochs(run_dir, resumed_from or 0)
-        if ckpt_dir is not None and rank == 0:
-            reconcile_history(run_dir, Path(ckpt_dir), awaiting=set(revalidate))
+        ckpt_dir, resumed_from, revalidate = _resume(plan, run_dir, rank, stack)
         if resumed_from is not None and resumed_from >= overrides["epochs"]:
             # every epoch trained and saved, but the run stopped before its end (a driver killed after the last
             # checkpoint): Ultralytics refuses to resume a finished schedule, so do what is left of it
@@ -77,33 +53,9 @@ def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
             overrides["resume"] = str(Path(ckpt_dir) / "last.pt")
             if rank == 0:
                 say(f"[yolo_ray] resuming from the epoch-{resumed_from} checkpoint {ckpt_dir}")
-
-        trainer = trainer_class(overrides["task"])(
-            overrides,
-            nbs=overrides.get("nbs"),  # a resumed run's last.pt holds the nbs of the size it was saved at
-            device=device,
-            world_size=world_size,
-            sync_bn=plan.sync_bn,
-            loader=plan.loader,
-            device_cache=plan.device_cache,
-            channels_last=plan.channels_last,
-            cuda_graphs=plan.cuda_graphs,
-            val_async=val_async is not None,
-            stream=plan.stream,
-        )
+        trainer = _trainer(plan, overrides, device, world_size)
         stack.callback(trainer.writer.close)  # on the way out: final_eval flushed the saves (or drain() waited)
-        user_callbacks.attach(trainer, list(plan.callbacks), rank)
-        reporter = EpochReporter(trainer, run_dir, resumed_from, plan.fault.or_env())
-        reporter.attach()
-        if rank == 0 and val_async is not None:
-            reporter.validate_async(val_async, revalidate)
-            stack.callback(trainer.async_val.close)
-        if rank == 0:
-            ProgressWriter(run_dir).attach(trainer)
-        if rank == 0 and plan.profile_steps:
-            from yolo_ray.profiling import StepProfiler
-
-            StepProfiler(run_dir, plan.profile_steps).attach(trainer)
+        reporter = _attach(plan, trainer, run_dir, rank, resumed_from, revalidate, stack)
         try:
             trainer.train()
         except BaseException:
@@ -114,6 +66,81 @@ def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
             (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics(trainer), indent=2))
             if plan.export and trainer.best.exists():
                 export_best(trainer.best, Path(overrides["data"]), trainer.args.imgsz, run_dir)
+
+
+def _set_up_process(plan: WorkerPlan) -> tuple[Any, torch.device]:
+    """This worker's Ray Train context and its device; Ultralytics offline, quiet and without its integrations."""
+    from yolo_ray import ultralytics_env
+
+    ultralytics_env.set_offline_env(verbose=plan.verbose)
+    if not plan.verbose:
+        # DDP compares a gradient's strides with its bucket's, size-1 dimensions included: a depthwise conv's
+        # [C, 1, 3, 3] weight whose gradient comes back channels-last (the device loader's images are) is the same
+        # memory order, and DDP warns once per rank that it is not
+        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+    device = ray.train.torch.get_device()
+    if isinstance(device, list):  # several GPUs per worker: DDP still drives one
+        device = device[0]
+    ultralytics_env.disable_integrations()
+    ultralytics_env.quiet_progress_bars()
+    return ray.train.get_context(), device
+
+
+def _resume(plan: WorkerPlan, run_dir: Path, rank: int, stack: ExitStack) -> tuple[str | None, int | None, list[int]]:
+    """(checkpoint directory, its epoch, epochs to validate again): the newest complete checkpoint, the same on every
+    rank; rank 0 tidies what a killed attempt left (staging directories, history lines past the checkpoint)."""
+    if rank == 0:
+        remove_stale_staging(run_dir / "train" / "weights")
+    ckpt_dir, resumed_from = _broadcast(resume_point(run_dir, stack))
+    revalidate = []  # epochs (0-based) trained and saved whose validation result never came back
+    if rank == 0 and plan.val_async is not None:
+        revalidate = unvalidated_epochs(run_dir, resumed_from or 0)
+    if ckpt_dir is not None and rank == 0:
+        reconcile_history(run_dir, Path(ckpt_dir), awaiting=set(revalidate))
+    return ckpt_dir, resumed_from, revalidate
+
+
+def _trainer(plan: WorkerPlan, overrides: dict[str, Any], device: torch.device, world_size: int) -> Any:
+    from yolo_ray.trainer import trainer_class  # imports ultralytics: only after Ray set the ranks
+
+    return trainer_class(overrides["task"])(
+        overrides,
+        nbs=overrides.get("nbs"),  # a resumed run's last.pt holds the nbs of the size it was saved at
+        device=device,
+        world_size=world_size,
+        sync_bn=plan.sync_bn,
+        loader=plan.loader,
+        device_cache=plan.device_cache,
+        channels_last=plan.channels_last,
+        cuda_graphs=plan.cuda_graphs,
+        val_async=plan.val_async is not None,
+        stream=plan.stream,
+    )
+
+
+def _attach(
+    plan: WorkerPlan,
+    trainer: Any,
+    run_dir: Path,
+    rank: int,
+    resumed_from: int | None,
+    revalidate: list[int],
+    stack: ExitStack,
+) -> EpochReporter:
+    """The trainer's callbacks: the user's, the per-epoch report (and async validation), progress, profiling."""
+    user_callbacks.attach(trainer, list(plan.callbacks), rank)
+    reporter = EpochReporter(trainer, run_dir, resumed_from, plan.fault.or_env())
+    reporter.attach()
+    if rank == 0 and plan.val_async is not None:
+        reporter.validate_async(plan.val_async, revalidate)
+        stack.callback(trainer.async_val.close)
+    if rank == 0:
+        ProgressWriter(run_dir).attach(trainer)
+    if rank == 0 and plan.profile_steps:
+        from yolo_ray.profiling import StepProfiler
+
+        StepProfiler(run_dir, plan.profile_steps).attach(trainer)
+    return reporter
 
 
 def export_best(best: Path, data: Path, imgsz: int, run_dir: Path) -> None:

@@ -40,6 +40,12 @@ class BatchRule:
     accumulate: int | None  # None: Ultralytics' own rule (fixed groups only)
     max_world: int
 
+    def per_worker(self, world: int) -> int:
+        """Images a worker takes each step in a group of `world` workers."""
+        if self.accumulate is None:
+            return max(1, self.batch // world)
+        return batch_plan.plan(self.batch, self.accumulate, world, self.max_world).per_worker
+
     def ultralytics(self, world: int) -> dict[str, int]:
         """Ultralytics' batch/nbs for a group of `world` workers (empty: its own rule decides)."""
         if self.accumulate is None:
