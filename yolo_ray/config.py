@@ -437,7 +437,22 @@ def check_val_async(cfg: ExperimentConfig) -> None:
 
 def check_static(cfg: ExperimentConfig) -> None:
     """Checks that need neither the dataset nor the cluster."""
-    s, t, sc, r = cfg.source, cfg.train, cfg.scaling, cfg.run
+    _check_train(cfg)
+    _check_scaling(cfg)
+    _check_run(cfg)
+    from yolo_ray import user_callbacks  # imports this module: checked here, defined there
+
+    user_callbacks.parse(cfg.train.callbacks, cfg.source)
+    check_gpu_only(cfg, cfg.scaling.use_gpu is not False, "scaling.use_gpu is false")
+    check_val_async(cfg)
+    check_cuda_graphs(cfg)
+    check_device_loader(cfg)
+    _check_extra(cfg)
+    _check_data(cfg)
+
+
+def _check_train(cfg: ExperimentConfig) -> None:
+    s, t = cfg.source, cfg.train
     if t.epochs < 1:
         raise ConfigError(s, "train.epochs", f"must be >= 1, got {t.epochs}.", "set train.epochs to 1 or more.")
     if t.imgsz > MAX_IMGSZ:
@@ -468,6 +483,10 @@ def check_static(cfg: ExperimentConfig) -> None:
         )
     if t.workers < 0:
         raise ConfigError(s, "train.workers", f"must be >= 0, got {t.workers}.", "set train.workers to 0 or more.")
+
+
+def _check_scaling(cfg: ExperimentConfig) -> None:
+    s, sc, r = cfg.source, cfg.scaling, cfg.run
     if isinstance(sc.num_workers, int):
         if sc.num_workers < 1:
             raise ConfigError(
@@ -491,6 +510,10 @@ def check_static(cfg: ExperimentConfig) -> None:
     ):
         if cpus != "auto" and cpus <= 0:
             raise ConfigError(s, key, "must be > 0.", "set it to 1 or more, or `auto`.")
+
+
+def _check_run(cfg: ExperimentConfig) -> None:
+    s, t, r = cfg.source, cfg.train, cfg.run
     if r.checkpoints_to_keep < 1:
         raise ConfigError(
             s, "run.checkpoints_to_keep", "must be >= 1 to resume after a failure.", "set it to 1 or more."
@@ -520,13 +543,11 @@ def check_static(cfg: ExperimentConfig) -> None:
             f"{r.name!r} is not a plain name (it names a folder under run.storage_path).",
             "use letters, digits, '.', '-' or '_', starting with a letter or digit.",
         )
-    from yolo_ray import user_callbacks  # imports this module: checked here, defined there
 
-    user_callbacks.parse(t.callbacks, s)
-    check_gpu_only(cfg, sc.use_gpu is not False, "scaling.use_gpu is false")
-    check_val_async(cfg)
-    check_cuda_graphs(cfg)
-    check_device_loader(cfg)
+
+def _check_extra(cfg: ExperimentConfig) -> None:
+    """train.extra: Ultralytics' own arguments, neither yolo_ray's nor unknown to Ultralytics."""
+    s, t = cfg.source, cfg.train
     known = ultralytics_train_keys()
     for key in t.extra:
         if key in TRAIN_KEYS:  # train.extra.epochs would beat train.epochs behind its back
@@ -548,6 +569,10 @@ def check_static(cfg: ExperimentConfig) -> None:
                 "is not an Ultralytics train argument.",
                 f"remove it{f' or use `{close[0]}`' if close else ''}.",
             )
+
+
+def _check_data(cfg: ExperimentConfig) -> None:
+    s = cfg.source
     if not 0 <= cfg.data.max_bad_fraction <= 1:
         raise ConfigError(
             s, "data.max_bad_fraction", "must be a share between 0 and 1.", "set e.g. 0.01 (1% of a split's images)."
