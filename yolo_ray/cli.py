@@ -8,6 +8,7 @@ import os
 import sys
 import textwrap
 import time
+from typing import Any
 
 from yolo_ray import __version__
 from yolo_ray.config import ConfigError
@@ -217,7 +218,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"yolo-ray {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_tune, _add_bench, _add_check, _add_data, _add_submit, _add_sync, _add_export,
+                _add_promote):  # fmt: skip
+        add(sub)
+    return p
 
+
+def _tracking_uri(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else runs/mlflow.db")
+
+
+def _add_train(sub: Any) -> None:
     t = sub.add_parser(
         "train",
         help="train an experiment on Ray (local or a cluster)",
@@ -240,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     t.set_defaults(func=cmd_train)
 
+
+def _add_tune(sub: Any) -> None:
     u = sub.add_parser(
         "tune",
         help="run a Ray Tune sweep defined in the config's `tune:` section",
@@ -251,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     u.set_defaults(func=cmd_tune)
 
+
+def _add_bench(sub: Any) -> None:
     b = sub.add_parser(
         "bench",
         help="benchmark native Ultralytics vs yolo_ray side by side (table + JSON)",
@@ -270,11 +285,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<time>-<cpu|gpu>.json)")
     b.set_defaults(func=cmd_bench)
 
+
+def _add_check(sub: Any) -> None:
     c = sub.add_parser("check", help="validate an experiment config and its dataset, without training")
     c.add_argument("args", nargs="*", metavar="[CONFIG] key=value")
     c.add_argument("--no-data", action="store_true", help="check only the config, not the dataset or model")
     c.set_defaults(func=cmd_check)
 
+
+def _add_data(sub: Any) -> None:
     d = sub.add_parser("data", help="dataset tools").add_subparsers(dest="data_command", required=True)
     s = d.add_parser(
         "synth",
@@ -290,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("options", nargs="*", metavar="key=value")
     s.set_defaults(func=cmd_synth)
 
+
+def _add_submit(sub: Any) -> None:
     j = sub.add_parser(
         "submit",
         help="submit a train (or --tune) run to a Ray cluster as a job and follow it",
@@ -308,11 +329,15 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     j.set_defaults(func=cmd_submit)
 
+
+def _add_sync(sub: Any) -> None:
     y = sub.add_parser("sync", help="send what MLflow missed (server outage) for a run directory")
     y.add_argument("run_dir")
     y.add_argument("--wait", type=float, default=30.0, help="seconds to keep retrying a server that is down")
     y.set_defaults(func=cmd_sync)
 
+
+def _add_export(sub: Any) -> None:
     e = sub.add_parser(
         "export",
         help="export weights to ONNX, TorchScript, ... (from a run, checkpoint or model)",
@@ -321,16 +346,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("source")
     e.add_argument("options", nargs="*", metavar="key=value")
-    e.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else runs/mlflow.db")
+    _tracking_uri(e)
     e.set_defaults(func=cmd_export)
 
+
+def _add_promote(sub: Any) -> None:
     m = sub.add_parser("promote", help="move the `champion` alias to a model version if it is not worse")
     m.add_argument("name")
     m.add_argument("version")
     m.add_argument("--force", action="store_true", help="promote even if its mAP50-95 is worse")
-    m.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI, else runs/mlflow.db")
+    _tracking_uri(m)
     m.set_defaults(func=cmd_promote)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
