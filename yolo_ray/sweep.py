@@ -42,6 +42,12 @@ def _key_exists(cfg: ExperimentConfig, dotted: str) -> bool:
 
 def check_space(cfg: ExperimentConfig) -> None:
     """Every bad search space fails here, before Ray or any trial starts."""
+    _check_tune_settings(cfg)
+    for key, spec in cfg.tune.space.items():
+        _check_dimension(cfg, key, spec)
+
+
+def _check_tune_settings(cfg: ExperimentConfig) -> None:
     t, src = cfg.tune, cfg.source
     if not t.space:
         raise ConfigError(
@@ -90,50 +96,55 @@ def check_space(cfg: ExperimentConfig) -> None:
             "is not supported in sweeps: each trial's validation actor would need resources Tune has not reserved.",
             "set train.val_async: false for the sweep (trials validate inline).",
         )
-    for key, spec in t.space.items():
-        where = f"tune.space.{key}"
-        if not _key_exists(cfg, key) or key.startswith(("tune.", "run.", "tracking.", "scaling.")):
+
+
+def _check_dimension(cfg: ExperimentConfig, key: str, spec: Any) -> None:
+    """One key of tune.space: a training key, a distribution of its kind, and every value it can take valid."""
+    t, src = cfg.tune, cfg.source
+    least, most = worker_range(t.trial.num_workers)
+    where = f"tune.space.{key}"
+    if not _key_exists(cfg, key) or key.startswith(("tune.", "run.", "tracking.", "scaling.")):
+        raise ConfigError(
+            src,
+            where,
+            f"`{key}` is not a training key that can be swept.",
+            "use a dotted key such as train.lr0, train.batch, train.accumulate, train.extra.mosaic.",
+        )
+    if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in KINDS:
+        raise ConfigError(
+            src,
+            where,
+            f"{spec!r} is not a distribution.",
+            f"write one of {', '.join(f'{{{k}: ...}}' for k in KINDS)}.",
+        )
+    kind, values = next(iter(spec.items()))
+    if kind in ("choice", "grid"):
+        if not isinstance(values, list) or not values:
+            raise ConfigError(src, where, f"{kind} needs a non-empty list of values.", f"e.g. {{{kind}: [8, 16]}}.")
+        if kind == "grid" and t.search == "optuna":
             raise ConfigError(
                 src,
                 where,
-                f"`{key}` is not a training key that can be swept.",
-                "use a dotted key such as train.lr0, train.batch, train.accumulate, train.extra.mosaic.",
+                "grid values need the grid (or random) search.",
+                "set tune.search: grid, or use {choice: [...]} with Optuna.",
             )
-        if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in KINDS:
+    else:
+        if not (isinstance(values, list) and len(values) == 2 and all(isinstance(v, (int, float)) for v in values)):
+            raise ConfigError(src, where, f"{kind} needs [low, high].", f"e.g. {{{kind}: [0.001, 0.1]}}.")
+        low, high = values
+        if low >= high:
+            raise ConfigError(src, where, f"low {low} >= high {high}.", "give low < high.")
+        if kind == "loguniform" and low <= 0:
+            raise ConfigError(src, where, "loguniform needs low > 0.", "use a positive low bound.")
+    for value in _candidates(kind, values):  # each sampled config must itself be valid
+        sampled = config_mod.apply(cfg, {key: value})
+        if key == "train.batch" and least == most and sampled.train.batch % most:  # elastic: batch_plan's rule
             raise ConfigError(
                 src,
                 where,
-                f"{spec!r} is not a distribution.",
-                f"write one of {', '.join(f'{{{k}: ...}}' for k in KINDS)}.",
+                f"batch {value} does not divide by tune.trial.num_workers={t.trial.num_workers}.",
+                f"use batches that are multiples of {t.trial.num_workers}.",
             )
-        kind, values = next(iter(spec.items()))
-        if kind in ("choice", "grid"):
-            if not isinstance(values, list) or not values:
-                raise ConfigError(src, where, f"{kind} needs a non-empty list of values.", f"e.g. {{{kind}: [8, 16]}}.")
-            if kind == "grid" and t.search == "optuna":
-                raise ConfigError(
-                    src,
-                    where,
-                    "grid values need the grid (or random) search.",
-                    "set tune.search: grid, or use {choice: [...]} with Optuna.",
-                )
-        else:
-            if not (isinstance(values, list) and len(values) == 2 and all(isinstance(v, (int, float)) for v in values)):
-                raise ConfigError(src, where, f"{kind} needs [low, high].", f"e.g. {{{kind}: [0.001, 0.1]}}.")
-            low, high = values
-            if low >= high:
-                raise ConfigError(src, where, f"low {low} >= high {high}.", "give low < high.")
-            if kind == "loguniform" and low <= 0:
-                raise ConfigError(src, where, "loguniform needs low > 0.", "use a positive low bound.")
-        for value in _candidates(kind, values):  # each sampled config must itself be valid
-            sampled = config_mod.apply(cfg, {key: value})
-            if key == "train.batch" and least == most and sampled.train.batch % most:  # elastic: batch_plan's rule
-                raise ConfigError(
-                    src,
-                    where,
-                    f"batch {value} does not divide by tune.trial.num_workers={t.trial.num_workers}.",
-                    f"use batches that are multiples of {t.trial.num_workers}.",
-                )
 
 
 def _candidates(kind: str, values: list) -> list:
@@ -229,7 +240,6 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Run (or resume) a sweep; returns {"trials": [...], "best": {...}} and writes the results beside it."""
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
 
     from yolo_ray import inputs, ray_cluster, tracking
 
@@ -250,39 +260,9 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     trainable = tune.with_parameters(_trainable, base=base.to_dict(), source=cfg.source, sweep_dir=str(sweep_dir))
     # The trial driver itself takes no CPU (its Train workers ask for their own); Tune wants a non-empty bundle.
     trainable = tune.with_resources(trainable, {"CPU": 0, "memory": 1})
-    storage, name = str(sweep_dir.parent), cfg.run.name
-    path = str(sweep_dir)
-    if cfg.tune.resume and tune.Tuner.can_restore(path):
-        print(f"[yolo_ray] resuming sweep {path}", flush=True)
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
-    else:
-        t = cfg.tune
-        scheduler = None
-        if t.scheduler == "asha":
-            scheduler = ASHAScheduler(
-                time_attr="training_iteration",
-                max_t=cfg.train.epochs,
-                grace_period=t.grace_period,
-                reduction_factor=t.reduction_factor,
-            )
-        tuner = tune.Tuner(
-            trainable,
-            param_space=to_tune_space(t.space),
-            tune_config=tune.TuneConfig(
-                metric=t.metric,
-                mode=t.mode,
-                num_samples=t.num_samples,
-                search_alg=_search_alg(t),
-                scheduler=scheduler,
-                max_concurrent_trials=concurrent,
-                time_budget_s=t.time_budget_s,
-            ),
-            run_config=tune.RunConfig(
-                name=name, storage_path=storage, failure_config=tune.FailureConfig(max_failures=cfg.run.max_failures)
-            ),
-        )
+    tuner = _tuner(cfg, trainable, sweep_dir, concurrent)
     print(
-        f"[yolo_ray] sweep {name}: {cfg.tune.num_samples} trials, {concurrent} at a time, metric "
+        f"[yolo_ray] sweep {cfg.run.name}: {cfg.tune.num_samples} trials, {concurrent} at a time, metric "
         f"{cfg.tune.metric} ({cfg.tune.mode}), dir {sweep_dir}",
         flush=True,
     )
@@ -304,6 +284,43 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         )
     (sweep_dir / "sweep.json").write_text(json.dumps(out, indent=2, default=str))
     return out
+
+
+def _tuner(cfg: ExperimentConfig, trainable: Any, sweep_dir: Path, concurrent: int) -> Any:
+    """The sweep's Tuner: restored from sweep_dir (tune.resume) or new, with its search, ASHA and concurrency."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    path, t = str(sweep_dir), cfg.tune
+    if t.resume and tune.Tuner.can_restore(path):
+        print(f"[yolo_ray] resuming sweep {path}", flush=True)
+        return tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+    scheduler = None
+    if t.scheduler == "asha":
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=cfg.train.epochs,
+            grace_period=t.grace_period,
+            reduction_factor=t.reduction_factor,
+        )
+    return tune.Tuner(
+        trainable,
+        param_space=to_tune_space(t.space),
+        tune_config=tune.TuneConfig(
+            metric=t.metric,
+            mode=t.mode,
+            num_samples=t.num_samples,
+            search_alg=_search_alg(t),
+            scheduler=scheduler,
+            max_concurrent_trials=concurrent,
+            time_budget_s=t.time_budget_s,
+        ),
+        run_config=tune.RunConfig(
+            name=cfg.run.name,
+            storage_path=str(sweep_dir.parent),
+            failure_config=tune.FailureConfig(max_failures=cfg.run.max_failures),
+        ),
+    )
 
 
 def _placement_groups_left(wait_s: float = 60.0) -> int:
