@@ -25,6 +25,7 @@ from subprocess import PIPE, STDOUT
 from typing import IO, Any
 
 from yolo_ray import gitinfo, tasks
+from yolo_ray import run_layout as layout
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
 from yolo_ray.tasks import RENAMES
@@ -557,7 +558,7 @@ def time_to_accuracy(s: BenchSettings, gpus: int, cpu: bool, env: dict[str, str]
             "epochs": s.tta_epochs,
             "global_batch": s.batch_per_gpu,
             "s_to_target": native_rows[-1]["time"],
-            "loop_s_to_target": round(sum(r["train_s"] for r in read_jsonl(native_dir / "native_epochs.jsonl")), 2),
+            "loop_s_to_target": round(sum(r["train_s"] for r in read_jsonl(native_dir / layout.NATIVE_EPOCHS)), 2),
             "wall_s": native["wall_s"],
         },
         "yolo_ray": [],

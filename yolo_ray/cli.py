@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from yolo_ray import __version__
+from yolo_ray import run_layout as layout
 from yolo_ray.config import ConfigError
 
 EXAMPLES = """
@@ -152,9 +153,10 @@ def cmd_sync(ns: argparse.Namespace) -> int:
             "this run directory has no MLflow run.",
             "pass a run directory of a run trained with tracking enabled.",
         )
-    cfg = config.load(run_dir / "config.yaml")
+    cfg = config.load(run_dir / layout.CONFIG)
     state = json.loads(state_file.read_text())
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    summary_file = run_dir / layout.SUMMARY
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     tracker = tracking.Tracker(cfg, run_dir, state["tracking_uri"])
     info = tracker.finish(summary.get("status", "failed"), grace_s=ns.wait)
     print(json.dumps(info))

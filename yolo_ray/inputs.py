@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from yolo_ray import run_layout as layout
 from yolo_ray import tasks
 from yolo_ray.config import TRAIN_KEYS, ConfigError, ExperimentConfig
 from yolo_ray.data import checks
@@ -270,4 +271,4 @@ def check_storage(cfg: ExperimentConfig) -> Path:
             f"{storage} cannot be written ({e.strerror or e}).",
             "point it at a directory you can write (shared storage on a cluster), or fix its permissions.",
         ) from None
-    return (storage / cfg.run.name).resolve()
+    return layout.run_dir(storage, cfg.run.name)

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from yolo_ray import inputs, run_lock, user_callbacks
+from yolo_ray import run_layout as layout
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.faults import FaultPlan
 from yolo_ray.metrics import headline
@@ -51,7 +52,7 @@ def _finished(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any] | None:
     """The summary of a run that already finished with these settings (None when it has not finished). A finished
     run re-run with other settings is refused, naming each key with its old and new value; so is a stopped run
     re-run with settings its resume would silently ignore (Ultralytics resumes with last.pt's own)."""
-    done, saved = run_dir / "summary.json", run_dir / "config.yaml"
+    done, saved = run_dir / layout.SUMMARY, run_dir / layout.CONFIG
     if not saved.exists():
         return None
     finished = done.exists() and json.loads(done.read_text()).get("status") == "finished"
@@ -88,7 +89,7 @@ def _finished(cfg: ExperimentConfig, run_dir: Path) -> dict[str, Any] | None:
 
 def _has_checkpoint(run_dir: Path) -> bool:
     """Would a re-run resume (from a Ray Train checkpoint or Ultralytics' last.pt)?"""
-    return (run_dir / "train" / "weights" / "last.pt").exists() or any(run_dir.glob("checkpoint_*"))
+    return (layout.weights(run_dir) / "last.pt").exists() or bool(layout.checkpoints(run_dir))
 
 
 def _with_defaults(defaults: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +183,7 @@ def _fit(
     where = ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
     scaling = ray_cluster.resolve(cfg)
     nodes = ray_cluster.node_count()
-    (run_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
+    (run_dir / layout.CONFIG).write_text(_yaml(cfg.to_dict()))
     tracker = None
     if uri is not None:
         tracking.check_multinode(cfg, uri, nodes)
@@ -214,8 +215,8 @@ def _fit(
     if tracker:
         tracker.stop_following()
         summary["mlflow"] = {"tracking_uri": uri, **tracker.finish("finished")}
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"[yolo_ray] done: {headline(summary['final'])} | summary: {run_dir / 'summary.json'}", flush=True)
+        (run_dir / layout.SUMMARY).write_text(json.dumps(summary, indent=2))
+    print(f"[yolo_ray] done: {headline(summary['final'])} | summary: {run_dir / layout.SUMMARY}", flush=True)
     return summary
 
 
@@ -275,11 +276,11 @@ def drop_torn_ray_snapshot(run_dir: Path) -> None:
 
 def _say_exported(run_dir: Path, started: float) -> None:
     """Rank 0 exported best.pt and checked the ONNX model against PyTorch (export/check.json): say so."""
-    check = run_dir / "export" / "check.json"
+    check = layout.export(run_dir) / "check.json"
     if check.exists() and check.stat().st_mtime >= started:
         c = json.loads(check.read_text())
         print(
-            f"[yolo_ray] exported {run_dir / 'train' / 'weights' / 'best.pt'} -> {check.parent / 'model.onnx'} "
+            f"[yolo_ray] exported {layout.weights(run_dir) / 'best.pt'} -> {check.parent / 'model.onnx'} "
             f"(onnxruntime vs PyTorch max |diff| {c['max_abs_diff']:.2e} of scale {c['output_scale']:.1f})",
             flush=True,
         )

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from yolo_ray import run_layout as layout
 from yolo_ray.config import ExperimentConfig
 from yolo_ray.inputs import check_storage, prepare, ultralytics_overrides
 from yolo_ray.metrics import clean, scores
@@ -76,7 +77,7 @@ def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
     overrides.pop("model")
     overrides["device"] = device
     yolo = YOLO(model)
-    EpochTimer(run_dir / "native_epochs.jsonl").attach(yolo)
+    EpochTimer(run_dir / layout.NATIVE_EPOCHS).attach(yolo)
     yolo.train(**overrides)
     metrics = clean(yolo.trainer.metrics or {})
     summary = {
@@ -89,5 +90,5 @@ def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
         "world_size": 1,
         "wall_time_s": round(time.time() - started, 2),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (run_dir / layout.SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary

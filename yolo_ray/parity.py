@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from yolo_ray import coco_eval, gitinfo
+from yolo_ray import run_layout as layout
 from yolo_ray.bench import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
@@ -197,7 +198,7 @@ def _overrides(p: ParitySettings, entry: Entry) -> list[str]:
 
 def training_seconds(run_dir: Path) -> float | None:
     """The batch loops' seconds over all epochs: yolo_ray's history.jsonl, or native's epoch timer."""
-    native = run_dir / "native_epochs.jsonl"
+    native = run_dir / layout.NATIVE_EPOCHS
     if native.exists():
         return round(sum(r["train_s"] for r in read_jsonl(native)), 2)
     rows = read_history(run_dir)
@@ -223,7 +224,7 @@ def run_one(
     if "error" in row:
         return {**out, "error": row["error"]}
     run_dir = Path(p.out_dir).resolve() / entry.name
-    weights, device = run_dir / "train" / "weights" / "last.pt", "cpu" if cpu else "0"
+    weights, device = layout.weights(run_dir) / "last.pt", "cpu" if cpu else "0"
     with _SCORING:  # Ultralytics' validator keeps process-wide state: one scoring at a time
         scores = coco_eval.score(weights, data_yaml, p.imgsz, device, run_dir / "score", gt)
         if not cpu:

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from yolo_ray import run_layout as layout
 from yolo_ray.summary import read_history
 
-PROGRESS = "progress.json"
+PROGRESS = layout.PROGRESS
 SHOWN = (
     "train/box_loss",
     "train/seg_loss",

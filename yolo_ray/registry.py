@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from yolo_ray import run_layout as layout
 from yolo_ray.config import ConfigError
 
 CHAMPION = "champion"
@@ -25,7 +26,7 @@ def resolve_weights(source: str, uri: str, download_to: Path) -> Path:
     if path.is_file() and path.suffix == ".pt":
         return path.resolve()
     if path.is_dir():
-        for candidate in (path / "train" / "weights" / "best.pt", path / "last.pt", path / "weights" / "best.pt"):
+        for candidate in (layout.weights(path) / "best.pt", path / "last.pt", path / "weights" / "best.pt"):
             if candidate.is_file():
                 return candidate.resolve()
         raise ConfigError(

@@ -11,9 +11,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from yolo_ray import run_layout as layout
 from yolo_ray.config import ConfigError
 
-LOCK_FILE = ".driver.lock"
+LOCK_FILE = layout.DRIVER_LOCK
 # A killed sweep's trial actors die shortly after their driver: the resumed trial waits them out; and a driver
 # started while another finishes the run waits to find it finished. YOLO_RAY_LOCK_WAIT_S sets it.
 WAIT_S = float(os.environ.get("YOLO_RAY_LOCK_WAIT_S", "30"))

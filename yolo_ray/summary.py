@@ -8,26 +8,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+from yolo_ray import run_layout as layout
 from yolo_ray.metrics import scores
-
-HISTORY = "history.jsonl"
 
 
 def append_history(run_dir: Path, metrics: dict[str, Any]) -> None:
     """One line per reported epoch, written by rank 0 (a resumed attempt appends after the last good epoch)."""
-    with open(run_dir / HISTORY, "a") as f:
+    with open(run_dir / layout.HISTORY, "a") as f:
         f.write(json.dumps({"time": time.time(), **metrics}) + "\n")
 
 
 def write_history(run_dir: Path, rows: list[dict[str, Any]]) -> None:
     """Replace history.jsonl with these rows, atomically (a reader sees the old file or the new one)."""
-    tmp = run_dir / (HISTORY + ".tmp")
+    tmp = run_dir / (layout.HISTORY + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(run_dir / HISTORY)
+    tmp.replace(run_dir / layout.HISTORY)
 
 
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
-    return read_jsonl(run_dir / HISTORY)
+    return read_jsonl(run_dir / layout.HISTORY)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -53,7 +52,7 @@ def newest_checkpoint(dirs: list[Path]) -> tuple[int, Path] | None:
 
 
 def _ranks(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
+    return [json.loads(p.read_text()) for p in sorted(layout.ranks(run_dir).glob("rank*.json"))]
 
 
 def write_summary(
@@ -66,11 +65,11 @@ def write_summary(
     error: str | None = None,
 ) -> dict[str, Any]:
     history = read_history(run_dir)
-    final_file = run_dir / "final_metrics.json"
+    final_file = run_dir / layout.FINAL_METRICS
     final = json.loads(final_file.read_text()) if final_file.exists() and status == "finished" else {}
     steady = [h["images_per_s"] for h in history[1:]] or [h["images_per_s"] for h in history]
     ranks = _ranks(run_dir)
-    best = run_dir / "train" / "weights" / "best.pt"
+    best = layout.weights(run_dir) / "best.pt"
     summary = {
         "status": status,
         "run_name": cfg.run.name,
@@ -94,5 +93,5 @@ def write_summary(
     }
     if getattr(scaling, "elastic", False):  # each epoch's group size: where it resized
         summary["world_sizes"] = [h.get("world_size") for h in history]
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (run_dir / layout.SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from yolo_ray import config as config_mod
+from yolo_ray import run_layout as layout
 from yolo_ray.config import ConfigError, ExperimentConfig, TuneSection, worker_range
 from yolo_ray.metrics import sweepable
 from yolo_ray.summary import read_history
@@ -245,7 +246,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
     check_space(cfg)
     inputs.prepare(cfg)  # model and dataset checks (and synthetic generation) before any trial
-    sweep_dir = (Path(cfg.run.storage_path).expanduser() / cfg.run.name).resolve()
+    sweep_dir = layout.run_dir(cfg.run.storage_path, cfg.run.name)
     uri = tracking.tracking_uri(cfg) if cfg.tracking.enabled else None
     if uri:
         tracking.check(cfg, uri)
@@ -416,7 +417,7 @@ def report(
             + "\n"
             + yaml.safe_dump(_without_tune(best_cfg.to_dict()), sort_keys=False)
         )
-        weights = sweep_dir / "trials" / best["trial_id"] / "train" / "weights" / "best.pt"
+        weights = layout.weights(sweep_dir / "trials" / best["trial_id"]) / "best.pt"
         out["best"] = {**best, "config_yaml": str(best_yaml), "weights": str(weights) if weights.exists() else None}
     _write_table(sweep_dir, trials, t.metric)
     (sweep_dir / "sweep.json").write_text(json.dumps(out, indent=2, default=str))
@@ -500,7 +501,7 @@ class TrialFollower:
 
         if trial_id not in self.trackers:
             run_dir = self.sweep_dir / "trials" / trial_id
-            cfg = config_mod.load(run_dir / "config.yaml")
+            cfg = config_mod.load(run_dir / layout.CONFIG)
             tracker = tracking.Tracker(cfg, run_dir, self.uri, parent_run_id=self.parent)
             sc = cfg.scaling
             scaling = ray_cluster.Scaling(
@@ -523,7 +524,7 @@ class TrialFollower:
         client = MlflowClient(tracking_uri=self.uri)
         best_id = (out["best"] or {}).get("trial_id")
         for tr in out["trials"]:
-            if not (self.sweep_dir / "trials" / tr["trial_id"] / "config.yaml").exists():
+            if not (self.sweep_dir / "trials" / tr["trial_id"] / layout.CONFIG).exists():
                 continue
             tracker = self.tracker(tr["trial_id"])
             client.set_tag(tracker.state["run_id"], "yolo_ray.trial_status", tr["status"])

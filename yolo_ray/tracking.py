@@ -23,12 +23,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from yolo_ray import gitinfo
+from yolo_ray import run_layout as layout
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.metrics import scores
 from yolo_ray.summary import read_history
 from yolo_ray.tasks import SCORES
 
-STATE = "mlflow.json"
+STATE = layout.MLFLOW_STATE
 # Fail fast against a server that is down; the sync loop retries on its own schedule.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -489,7 +490,7 @@ class Tracker:
         with), and in the run's description."""
         from mlflow.entities import Metric
 
-        path = self.run_dir / "final_metrics.json"
+        path = self.run_dir / layout.FINAL_METRICS
         if not path.exists():
             return
         final = json.loads(path.read_text())
@@ -512,11 +513,11 @@ class Tracker:
         for name in ("best.pt", "last.pt"):
             if (train_dir / "weights" / name).exists():
                 self.client.log_artifact(run_id, str(train_dir / "weights" / name), artifact_path="weights")
-        for name in ("config.yaml", "summary.json", "history.jsonl", "final_metrics.json"):
+        for name in (layout.CONFIG, layout.SUMMARY, layout.HISTORY, layout.FINAL_METRICS):
             if (self.run_dir / name).exists():
                 self.client.log_artifact(run_id, str(self.run_dir / name))
-        if (self.run_dir / "export" / "check.json").exists():
-            self.client.log_artifact(run_id, str(self.run_dir / "export" / "check.json"), artifact_path="export")
+        if (layout.export(self.run_dir) / "check.json").exists():
+            self.client.log_artifact(run_id, str(layout.export(self.run_dir) / "check.json"), artifact_path="export")
 
     @property
     def model_name(self) -> str:
@@ -533,7 +534,7 @@ class Tracker:
                 return
         self.state["model_version"] = version  # saved before the tags and alias: a retry reuses it
         self._save()
-        final = json.loads((self.run_dir / "final_metrics.json").read_text())
+        final = json.loads((self.run_dir / layout.FINAL_METRICS).read_text())
         tags = {
             **{k: _round(v) for k, v in scores(final).items()},  # the task's scores (promote compares `headline`)
             "task": final.get("task", "detect"),
@@ -571,7 +572,7 @@ class Tracker:
         import onnxruntime as ort
         from mlflow.models import infer_signature
 
-        onnx_path = self.run_dir / "export" / "model.onnx"
+        onnx_path = layout.export(self.run_dir) / "model.onnx"
         if not onnx_path.exists():
             print("[yolo_ray] mlflow: no export/model.onnx; nothing to register", flush=True)
             return None

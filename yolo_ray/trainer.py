@@ -37,6 +37,7 @@ from ultralytics.engine.trainer import BaseTrainer
 from ultralytics.utils.patches import override_configs
 from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distributed_zero_first, unwrap_model
 
+from yolo_ray import run_layout as layout
 from yolo_ray import tasks
 from yolo_ray.checkpoint_writer import CheckpointWriter, weights_digest
 from yolo_ray.console import say
@@ -148,7 +149,7 @@ class RayTrainer(BaseTrainer):
             device=self.device,
             imgsz=self.args.imgsz,
             ring_rows=self.stream.buffer,
-            record_dir=Path(self.save_dir).parent / "ranks" / "stream",
+            record_dir=layout.stream_records(Path(self.save_dir).parent),
         )
 
     def plot_training_labels(self) -> None:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from yolo_ray import async_val, faults, user_callbacks
+from yolo_ray import run_layout as layout
 from yolo_ray.async_val import AsyncValidation
 from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
@@ -63,7 +64,7 @@ def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
             raise
         write_rank_record(trainer, run_dir, ctx, device, resumed_from)
         if rank == 0:
-            (run_dir / "final_metrics.json").write_text(json.dumps(final_metrics(trainer), indent=2))
+            (run_dir / layout.FINAL_METRICS).write_text(json.dumps(final_metrics(trainer), indent=2))
             if plan.export and trainer.best.exists():
                 export_best(trainer.best, Path(overrides["data"]), trainer.args.imgsz, run_dir)
 
@@ -90,7 +91,7 @@ def _resume(plan: WorkerPlan, run_dir: Path, rank: int, stack: ExitStack) -> tup
     """(checkpoint directory, its epoch, epochs to validate again): the newest complete checkpoint, the same on every
     rank; rank 0 tidies what a killed attempt left (staging directories, history lines past the checkpoint)."""
     if rank == 0:
-        remove_stale_staging(run_dir / "train" / "weights")
+        remove_stale_staging(layout.weights(run_dir))
     ckpt_dir, resumed_from = _broadcast(resume_point(run_dir, stack))
     revalidate = []  # epochs (0-based) trained and saved whose validation result never came back
     if rank == 0 and plan.val_async is not None:
@@ -148,7 +149,7 @@ def export_best(best: Path, data: Path, imgsz: int, run_dir: Path) -> None:
     from yolo_ray.data.checks import split_images
     from yolo_ray.export import export_and_check
 
-    out = run_dir / "export"
+    out = layout.export(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     export_and_check(best, sorted(split_images(data, "val"))[:4], imgsz, out)  # the driver reports it
 
@@ -161,7 +162,7 @@ def finish_trained_run(plan: WorkerPlan, run_dir: Path, overrides: dict[str, Any
 
     from yolo_ray.trainer import undistributed_validation
 
-    weights = run_dir / "train" / "weights"
+    weights = layout.weights(run_dir)
     best = weights / "best.pt" if (weights / "best.pt").exists() else weights / "last.pt"
     if rank == 0:
         say(f"[yolo_ray] every epoch is trained (epoch-{epochs} checkpoint): validating {best.name} and finishing")
@@ -179,7 +180,7 @@ def finish_trained_run(plan: WorkerPlan, run_dir: Path, overrides: dict[str, Any
     if rank != 0:
         return
     final = final_record(epochs, metrics.results_dict, metrics.names, overrides.get("task", "detect"))
-    (run_dir / "final_metrics.json").write_text(json.dumps(final, indent=2))
+    (run_dir / layout.FINAL_METRICS).write_text(json.dumps(final, indent=2))
     if plan.export:
         export_best(best, Path(overrides["data"]), overrides["imgsz"], run_dir)
 
@@ -188,7 +189,7 @@ def resume_point(run_dir: Path, stack: ExitStack) -> tuple[str | None, int | Non
     """The newest complete epoch checkpoint: Ray's registered one, or a newer one already persisted in the run
     directory (a driver or worker that died right after a report leaves the checkpoint on storage before Ray's
     controller registered it; resuming from it means no epoch is trained twice)."""
-    candidates = list(run_dir.glob("checkpoint_*"))
+    candidates = layout.checkpoints(run_dir)
     registered = ray.train.get_checkpoint()
     if registered is not None:
         candidates.append(Path(stack.enter_context(registered.as_directory())))
@@ -215,7 +216,7 @@ def unvalidated_epochs(run_dir: Path, epochs_done: int) -> list[int]:
     """train.val_async after a restart: epochs (0-based) of the checkpoint resumed from or before, kept for
     validation and without a history line (their result never came back); kept epochs after the checkpoint are
     trained again, and those with a line were done."""
-    weights = run_dir / "train" / "weights"
+    weights = layout.weights(run_dir)
     lined = {r["epoch"] - 1 for r in read_history(run_dir)}
     out = []
     for epoch in async_val.awaiting_epochs(weights):
@@ -442,6 +443,6 @@ def write_rank_record(trainer: Any, run_dir: Path, ctx: Any, device: torch.devic
         "ring_images": trainer.train_loader.ring.size if hasattr(trainer.train_loader, "ring") else None,
         "loader_epochs": getattr(trainer.train_loader, "epochs_served", None),  # device loader: epoch of each pass
     }
-    out = run_dir / "ranks"
+    out = layout.ranks(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{record['world_rank']}.json").write_text(json.dumps(record))

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from yolo_ray import run_layout as layout
 from yolo_ray import tasks
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.data import stream_source, synth
@@ -93,7 +94,7 @@ class Dataset:
                 listed = out_dir / f"data-{name}.txt"
                 listed.write_text("\n".join(self.splits[name].images) + "\n")
                 data[name] = str(listed)
-        out = out_dir / "data.yaml"
+        out = out_dir / layout.DATA_YAML
         out.write_text(yaml.safe_dump(data, sort_keys=False))
         return out
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from yolo_ray import run_layout as layout
 from yolo_ray.data.device_loader import (
     PAD,
     AugmentHyp,
@@ -152,7 +153,7 @@ class AttemptPipeline:
     verbose: bool = False
 
     def start_epoch(self) -> int:
-        newest = newest_checkpoint(list(Path(self.run_dir).glob("checkpoint_*")))
+        newest = newest_checkpoint(layout.checkpoints(Path(self.run_dir)))
         return newest[0] if newest else 0
 
     def __call__(self) -> Any:
@@ -429,7 +430,7 @@ class Prefetched:
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
     """Every served batch of every rank and attempt: {rank, attempt (pid), epoch, ids} in the order written."""
     out = []
-    for f in sorted((run_dir / "ranks" / "stream").glob("rank*.jsonl")):
+    for f in sorted(layout.stream_records(run_dir).glob("rank*.jsonl")):
         rank, pid = f.stem.removeprefix("rank").split(".")
         out += [{"rank": int(rank), "attempt": int(pid), **json.loads(line)} for line in f.read_text().splitlines()]
     return out
