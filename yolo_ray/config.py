@@ -486,7 +486,7 @@ def _check_train(cfg: ExperimentConfig) -> None:
 
 
 def _check_scaling(cfg: ExperimentConfig) -> None:
-    s, sc, r = cfg.source, cfg.scaling, cfg.run
+    s, sc = cfg.source, cfg.scaling
     if isinstance(sc.num_workers, int):
         if sc.num_workers < 1:
             raise ConfigError(
@@ -502,8 +502,6 @@ def _check_scaling(cfg: ExperimentConfig) -> None:
             check_worker_range(cfg, key, workers)
     if sc.elastic_resize_interval_s < 0:
         raise ConfigError(s, "scaling.elastic_resize_interval_s", "must be >= 0 seconds.", "set e.g. 60.")
-    if r.max_preemptions < -1:
-        raise ConfigError(s, "run.max_preemptions", "must be -1 (any), 0 or more.", "set it to -1 or 0 or more.")
     for key, cpus in (
         ("scaling.cpus_per_worker", sc.cpus_per_worker),
         ("tune.trial.cpus_per_worker", cfg.tune.trial.cpus_per_worker),
@@ -520,6 +518,8 @@ def _check_run(cfg: ExperimentConfig) -> None:
         )
     if r.max_failures < -1:
         raise ConfigError(s, "run.max_failures", "must be -1 (retry forever), 0 or more.", "set it to 0 or more.")
+    if r.max_preemptions < -1:
+        raise ConfigError(s, "run.max_preemptions", "must be -1 (any), 0 or more.", "set it to -1 or 0 or more.")
     if r.fail_at_epoch is not None and not 1 <= r.fail_at_epoch < t.epochs:
         raise ConfigError(
             s,

@@ -29,7 +29,7 @@ class StreamPlan:
 
     images: int  # the train split's images
     rows: int  # rows once padded to a multiple of the workers (each epoch serves them all, equally split)
-    buffer: int | None  # data.stream_buffer: the ring's rows (None: Ultralytics' mosaic-buffer rule)
+    buffer: int  # data.stream_buffer: the ring's rows (0: Ultralytics' mosaic-buffer rule, stream_loader.ring_size)
 
 
 @dataclass(frozen=True)
@@ -40,17 +40,19 @@ class BatchRule:
     accumulate: int | None  # None: Ultralytics' own rule (fixed groups only)
     max_world: int
 
+    def at(self, world: int) -> batch_plan.WorkerBatch | None:
+        """The split at `world` workers (None: Ultralytics' own rule decides)."""
+        return None if self.accumulate is None else batch_plan.plan(self.batch, self.accumulate, world, self.max_world)
+
     def per_worker(self, world: int) -> int:
         """Images a worker takes each step in a group of `world` workers."""
-        if self.accumulate is None:
-            return max(1, self.batch // world)
-        return batch_plan.plan(self.batch, self.accumulate, world, self.max_world).per_worker
+        split = self.at(world)
+        return max(1, self.batch // world) if split is None else split.per_worker
 
     def ultralytics(self, world: int) -> dict[str, int]:
         """Ultralytics' batch/nbs for a group of `world` workers (empty: its own rule decides)."""
-        if self.accumulate is None:
-            return {}
-        return batch_plan.plan(self.batch, self.accumulate, world, self.max_world).ultralytics()
+        split = self.at(world)
+        return {} if split is None else split.ultralytics()
 
 
 @dataclass(frozen=True)
