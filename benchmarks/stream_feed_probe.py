@@ -1,0 +1,121 @@
+"""How fast the stream loader's Ray Data side can feed one GPU rank, without training (issue #24): OpenCV decoding
+bare (one process, then one per CPU at once), then the stream's Ray Dataset read as a Train worker reads its shard
+(streaming_split, batches to the GPU) at several block sizes, with the CPU seconds its tasks spent per image and a
+py-spy sample of one read task.
+
+    python benchmarks/stream_feed_probe.py datasets/parity/data.yaml [--epochs 3] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import yaml
+
+from yolo_ray.data.stream_loader import decode_cpu, read_rows, resize_cpu
+from yolo_ray.data.stream_source import Filesystem, label_path
+
+
+def decode_ms(files: list[str]) -> float:
+    import cv2
+
+    cv2.setNumThreads(1)
+    data = [Path(f).read_bytes() for f in files]
+    t = time.perf_counter()
+    for i, d in enumerate(data):
+        resize_cpu(decode_cpu(d, files[i]), 640)
+    return (time.perf_counter() - t) / len(data) * 1000
+
+
+def worker_cpu() -> dict[int, float]:
+    """CPU seconds so far of each Ray worker process (read tasks, the split coordinator; this driver excluded)."""
+    out = {}
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if " ".join(p.info["cmdline"] or []).startswith("ray::"):
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
+def cpu_since(before: dict[int, float]) -> float:
+    return sum(s - before.get(pid, 0.0) for pid, s in worker_cpu().items())
+
+
+def sample_task(out: Path, seconds: int) -> None:
+    """py-spy (native frames) on one read task for `seconds`."""
+    pids = [p.pid for p in psutil.process_iter(["cmdline"]) if "MapBatches" in " ".join(p.info["cmdline"] or [])]
+    if pids and shutil.which("py-spy"):
+        cmd = ["py-spy", "record", "-p", str(pids[0]), "-d", str(seconds), "-r", "100", "--native", "--format", "raw"]
+        subprocess.run([*cmd, "-o", str(out)], capture_output=True, timeout=seconds + 30)
+
+
+def feed(rows: list[dict], rows_per_block: int, batch: int, epochs: int, profile: Path | None) -> list[dict]:
+    import ray.data
+    import torch
+    from ray.data import RandomSeedConfig
+
+    ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // rows_per_block))
+    ds = ds.random_shuffle(seed=RandomSeedConfig(seed=0, reseed_after_execution=True))
+    ds = ds.map_batches(read_rows, fn_kwargs={"fs": Filesystem("local"), "imgsz": 640, "decode": True},
+                        batch_size=batch, num_cpus=1, batch_format="numpy")  # fmt: skip
+    shard = ds.streaming_split(1, equal=True)[0]
+    out = []
+    for epoch in range(epochs):
+        if profile and epoch == 1:
+            threading.Thread(target=sample_task, args=(profile, 6), daemon=True).start()
+        cpu0, t, n = worker_cpu(), time.perf_counter(), 0
+        for b in shard.iter_batches(batch_size=batch, batch_format="numpy", prefetch_batches=4):
+            px = torch.from_numpy(b["pixels"]).to("cuda" if torch.cuda.is_available() else "cpu")
+            n += px.shape[0]
+        dt = time.perf_counter() - t
+        cpu = cpu_since(cpu0)
+        out.append({"rows_per_block": rows_per_block, "epoch": epoch, "images": n, "s": round(dt, 2),
+                    "images_per_s": round(n / dt, 1), "ray_cpu_ms_per_image": round(cpu / n * 1000, 2)})  # fmt: skip
+        print(out[-1], flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data_yaml")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--blocks", default="256,64")
+    ap.add_argument("--out", default="benchmarks/runs-feed/feed.json")
+    a = ap.parse_args()
+    d = yaml.safe_load(Path(a.data_yaml).read_text())
+    folder = Path(d.get("path", Path(a.data_yaml).parent)) / d["train"]
+    files = sorted(str(f) for f in folder.iterdir())
+    out_dir = Path(a.out).parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {"images": len(files), "cpus": os.cpu_count()}
+    report["decode_ms_1_process"] = round(decode_ms(files[:256]), 2)
+    procs = (os.cpu_count() or 2) - 1
+    with mp.get_context("spawn").Pool(procs) as pool:
+        report[f"decode_ms_{procs}_processes"] = round(float(np.mean(pool.map(decode_ms, [files[:256]] * procs))), 2)
+    print(report, flush=True)
+    import ray
+
+    ray.init(include_dashboard=False, log_to_driver=False)
+    rows = [{"id": i, "image": f, "label": label_path(f)} for i, f in enumerate(files)]
+    report["feed"] = []
+    for k in [int(x) for x in a.blocks.split(",")]:
+        report["feed"] += feed(rows, k, 64, a.epochs, out_dir / f"task-{k}.pyspy.txt")
+        Path(a.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
