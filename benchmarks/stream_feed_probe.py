@@ -62,7 +62,15 @@ def sample_task(out: Path, seconds: int) -> None:
         subprocess.run([*cmd, "-o", str(out)], capture_output=True, timeout=seconds + 30)
 
 
-def feed(rows: list[dict], rows_per_block: int, batch: int, epochs: int, profile: Path | None) -> list[dict]:
+def feed(
+    rows: list[dict],
+    rows_per_block: int,
+    batch: int,
+    epochs: int,
+    profile: Path | None,
+    to_gpu: bool = True,
+    prefetch: int = 4,
+) -> list[dict]:
     import ray.data
     import torch
     from ray.data import RandomSeedConfig
@@ -77,13 +85,15 @@ def feed(rows: list[dict], rows_per_block: int, batch: int, epochs: int, profile
         if profile and epoch == 1:
             threading.Thread(target=sample_task, args=(profile, 6), daemon=True).start()
         cpu0, t, n = worker_cpu(), time.perf_counter(), 0
-        for b in shard.iter_batches(batch_size=batch, batch_format="numpy", prefetch_batches=4):
-            px = torch.from_numpy(b["pixels"]).to("cuda" if torch.cuda.is_available() else "cpu")
-            n += px.shape[0]
+        for b in shard.iter_batches(batch_size=batch, batch_format="numpy", prefetch_batches=prefetch):
+            if to_gpu:
+                torch.from_numpy(b["pixels"]).to("cuda" if torch.cuda.is_available() else "cpu")
+            n += len(b["id"])
         dt = time.perf_counter() - t
         cpu = cpu_since(cpu0)
-        out.append({"rows_per_block": rows_per_block, "epoch": epoch, "images": n, "s": round(dt, 2),
-                    "images_per_s": round(n / dt, 1), "ray_cpu_ms_per_image": round(cpu / n * 1000, 2)})  # fmt: skip
+        row = {"rows_per_block": rows_per_block, "to_gpu": to_gpu, "prefetch": prefetch, "epoch": epoch}
+        out.append({**row, "images": n, "s": round(dt, 2), "images_per_s": round(n / dt, 1),
+                    "ray_cpu_ms_per_image": round(cpu / n * 1000, 2)})  # fmt: skip
         print(out[-1], flush=True)
     return out
 
@@ -93,6 +103,8 @@ def main() -> None:
     ap.add_argument("data_yaml")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--blocks", default="256,64")
+    ap.add_argument("--variants", default="", help="BLOCK:to_gpu(0|1):prefetch,... instead of --blocks")
+    ap.add_argument("--skip-decode", action="store_true", help="skip the bare OpenCV timing")
     ap.add_argument("--out", default="benchmarks/runs-feed/feed.json")
     a = ap.parse_args()
     d = yaml.safe_load(Path(a.data_yaml).read_text())
@@ -101,18 +113,23 @@ def main() -> None:
     out_dir = Path(a.out).parent
     out_dir.mkdir(parents=True, exist_ok=True)
     report: dict = {"images": len(files), "cpus": os.cpu_count()}
-    report["decode_ms_1_process"] = round(decode_ms(files[:256]), 2)
-    procs = (os.cpu_count() or 2) - 1
-    with mp.get_context("spawn").Pool(procs) as pool:
-        report[f"decode_ms_{procs}_processes"] = round(float(np.mean(pool.map(decode_ms, [files[:256]] * procs))), 2)
-    print(report, flush=True)
+    if not a.skip_decode:
+        report["decode_ms_1_process"] = round(decode_ms(files[:256]), 2)
+        procs = (os.cpu_count() or 2) - 1
+        with mp.get_context("spawn").Pool(procs) as pool:
+            ms = pool.map(decode_ms, [files[:256]] * procs)
+        report[f"decode_ms_{procs}_processes"] = round(float(np.mean(ms)), 2)
+        print(report, flush=True)
     import ray
 
     ray.init(include_dashboard=False, log_to_driver=False)
     rows = [{"id": i, "image": f, "label": label_path(f)} for i, f in enumerate(files)]
     report["feed"] = []
-    for k in [int(x) for x in a.blocks.split(",")]:
-        report["feed"] += feed(rows, k, 64, a.epochs, out_dir / f"task-{k}.pyspy.txt")
+    variants = [v.split(":") for v in a.variants.split(",")] if a.variants else []
+    variants = variants or [[k, "1", "4"] for k in a.blocks.split(",")]
+    for k, gpu, pre in variants:
+        profile = out_dir / f"task-{k}-{gpu}-{pre}.pyspy.txt"
+        report["feed"] += feed(rows, int(k), 64, a.epochs, profile, gpu == "1", int(pre))
         Path(a.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
 

@@ -47,6 +47,7 @@ from yolo_ray.summary import newest_checkpoint
 
 FETCH_THREADS = 16  # concurrent reads per Ray Data task: object storage is latency-bound
 PREFETCH_BATCHES = 4  # batches Ray Data keeps ready for each rank
+MAX_BLOCKS = 200  # the shuffled rows' blocks (read tasks an epoch) at most
 
 
 def ring_size(images_per_rank: int, batch: int, rows: int = 0) -> int:
@@ -125,7 +126,9 @@ def pipeline(
 
     ctx = DataContext.get_current()  # travels with the dataset to Ray Train's split coordinator
     ctx.enable_progress_bars = ctx.print_on_execution_start = verbose  # else a bar and a banner every epoch
-    ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // 256, 200)))
+    # a read task per block: blocks of a batch or so keep every CPU decoding on a small set (256-row blocks left 5
+    # of 16 CPUs idle on 3000 images); the cap bounds the shuffle's all-to-all on a large one
+    ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // batch, MAX_BLOCKS)))
     ds = ds.random_shuffle(seed=RandomSeedConfig(seed=seed, reseed_after_execution=True))
     return ds.map_batches(
         read_rows,
@@ -191,6 +194,7 @@ class Prepared(NamedTuple):
     images: list[torch.Tensor]  # RGB HWC uint8, long side imgsz
     hw: torch.Tensor  # [B, 2]
     labels: Labels  # boxes in pixels of the resized images (no keypoints)
+    padded: torch.Tensor | None = None  # the batch as [B, imgsz, imgsz, 3] (decoded by Ray Data): one copy a batch
 
 
 class RingCache:
@@ -215,9 +219,12 @@ class RingCache:
         slots = (torch.arange(b) + self.next) % self.size
         if m > self.labels.boxes.shape[1]:
             self._grow(m)
-        for slot, im in zip(slots.tolist(), batch.images, strict=True):
-            self.images[slot, : im.shape[0], : im.shape[1]] = im
         on = slots.to(self.device)
+        if batch.padded is not None:  # one copy; a copy an image took 14% of the training thread on an H200
+            self.images[on] = batch.padded
+        else:
+            for slot, im in zip(slots.tolist(), batch.images, strict=True):
+                self.images[slot, : im.shape[0], : im.shape[1]] = im
         self.hw[on] = batch.hw.to(self.device)
         self.labels.valid[on] = False
         self.labels.boxes[on, :m], self.labels.cls[on, :m], self.labels.valid[on, :m] = (
@@ -356,6 +363,7 @@ class StreamLoader:
 
     def prepare(self, rows: dict[str, np.ndarray]) -> Prepared:
         """Ray Data's rows -> decoded, resized images on the device and label tensors (the producer thread)."""
+        pixels = None
         if "pixels" in rows:  # decoded by Ray Data on CPUs
             pixels = torch.from_numpy(rows["pixels"]).to(self.ring.device, non_blocking=True)
             images = [pixels[i, :h, :w] for i, (h, w) in enumerate(rows["hw"].tolist())]
@@ -364,7 +372,7 @@ class StreamLoader:
         hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)
         parsed = [parse_labels(t) for t in rows["label_text"]]
         labels = label_tensors([{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in parsed], hw)
-        return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], images, hw, labels)
+        return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], images, hw, labels, pixels)
 
     def close_mosaic(self) -> None:
         self.hyp.mosaic = 0.0
