@@ -64,7 +64,7 @@ def ddp_options(variant: str) -> dict:
     (`forward_sync_buffers` from torch 2.13, `broadcast_buffers` before); yolo_ray keeps that and adds DDP_OPTIONS."""
     from ultralytics.utils.torch_utils import TORCH_2_13  # imports Ultralytics: after ultralytics_env.setup()
 
-    from yolo_ray.trainer import DDP_OPTIONS
+    from yolo_ray.worker.trainer import DDP_OPTIONS
 
     no_buffer_sync = {"forward_sync_buffers" if TORCH_2_13 else "broadcast_buffers": False}
     if variant == "ultralytics":
@@ -83,14 +83,15 @@ def probe(
 ) -> dict[str, float]:
     """ms per step at batch b: augmentation alone (fused, reference), then the model's step with each piece of
     Ultralytics' loop added: clip + EMA, the progress bar's per-step sync, the augmentation of a fresh batch.
-    With graphs the model's forward and backward replay CUDA graphs (yolo_ray.cuda_graphs) and the loss runs apart,
+    With graphs the model's forward and backward replay CUDA graphs (yolo_ray.worker.cuda_graphs) and the loss runs
+    apart,
     as Ultralytics' loop does for a wrapped model."""
     from ultralytics.nn.tasks import DetectionModel
     from ultralytics.utils import DEFAULT_CFG
     from ultralytics.utils.torch_utils import ModelEMA
 
-    from yolo_ray.cuda_graphs import GraphedModel
     from yolo_ray.data.device_loader import AugmentHyp, augment_batch
+    from yolo_ray.worker.cuda_graphs import GraphedModel
 
     hyp, cuda = AugmentHyp(), dev.type == "cuda"
     g = torch.Generator(device=dev)

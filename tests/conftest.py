@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from yolo_ray.checkpoint_writer import STAGING_PREFIX  # an epoch checkpoint's staging directory
 from yolo_ray.data.synth import SynthSpec, generate
 from yolo_ray.summary import read_jsonl  # the tests' reader of history.jsonl and friends, as the package reads them
+from yolo_ray.worker.checkpoint_writer import STAGING_PREFIX  # an epoch checkpoint's staging directory
 
 REPO = Path(__file__).resolve().parents[1]
 

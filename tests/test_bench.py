@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import yolo_ray
 
-from yolo_ray.bench import (
+from yolo_ray.bench.throughput import (
     BenchSettings,
     _derive,
     _process_tree,

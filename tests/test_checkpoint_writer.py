@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from yolo_ray import ultralytics_env
-from yolo_ray.checkpoint_writer import weights_digest
+from yolo_ray.worker.checkpoint_writer import weights_digest
 
 
 def _assert_same(ours: Any, theirs: Any, where: str = "ckpt") -> None:
@@ -43,7 +43,7 @@ def test_background_save_is_ultralytics_checkpoint(device: str, shapes_small: Pa
     ultralytics_env.setup()
     from ultralytics.models.yolo.detect import DetectionTrainer
 
-    from yolo_ray.trainer import trainer_class
+    from yolo_ray.worker.trainer import trainer_class
 
     overrides = {
         "model": "yolo11n.yaml",

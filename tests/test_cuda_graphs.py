@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from yolo_ray import ultralytics_env
-from yolo_ray.cuda_graphs import GraphedModel
+from yolo_ray.worker.cuda_graphs import GraphedModel
 
 ultralytics_env.setup()
 from ultralytics.nn.tasks import DetectionModel  # noqa: E402

@@ -184,7 +184,7 @@ def test_history_is_written_back_as_of_the_checkpoint_resumed_from(tmp_path: Pat
     checkpoint's own epoch (killed between persisting it and writing the line) comes from the checkpoint, so the
     history ends with every epoch once (it read [1, 2, 3, 3] after a kill at the last epoch)."""
     from yolo_ray.summary import read_history
-    from yolo_ray.worker import reconcile_history
+    from yolo_ray.worker.loop import reconcile_history
 
     run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "checkpoint_x"
     ckpt.mkdir(parents=True)
@@ -197,7 +197,7 @@ def test_history_is_written_back_as_of_the_checkpoint_resumed_from(tmp_path: Pat
 def test_a_torn_ray_snapshot_is_removed_before_a_resume(tmp_path: Path) -> None:
     """A driver SIGKILLed while Ray Train rewrote checkpoint_manager_snapshot.json left it empty, and the resumed
     sweep trial's controller refused to start (seen in CI); the torn file goes, a whole one stays."""
-    from yolo_ray.launcher import RAY_SNAPSHOT, drop_torn_ray_snapshot
+    from yolo_ray.driver.launcher import RAY_SNAPSHOT, drop_torn_ray_snapshot
 
     snapshot = tmp_path / RAY_SNAPSHOT
     drop_torn_ray_snapshot(tmp_path)  # none: nothing to do
@@ -218,7 +218,7 @@ def test_a_kill_while_final_eval_strips_leaves_a_loadable_best(tmp_path: Path, m
     import ultralytics.engine.trainer as engine
     from ultralytics.nn.tasks import DetectionModel, torch_safe_load
 
-    from yolo_ray.trainer import _atomic_strip
+    from yolo_ray.worker.trainer import _atomic_strip
 
     best = tmp_path / "best.pt"
     model = DetectionModel("yolo11n.yaml", nc=1, verbose=False)

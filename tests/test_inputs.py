@@ -13,8 +13,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from yolo_ray import cli, ray_cluster
+from yolo_ray import cli
 from yolo_ray.data.synth import SynthSpec, generate
+from yolo_ray.driver import ray_cluster
 
 
 @pytest.fixture(autouse=True)
@@ -296,7 +297,8 @@ def test_the_workers_plan_is_decided_once_on_the_driver(
     import pickle
     from types import SimpleNamespace
 
-    from yolo_ray import config, inputs, launcher
+    from yolo_ray import config, inputs
+    from yolo_ray.driver import launcher
     from yolo_ray.faults import FaultPlan
 
     cfg = config.load(None, [f"data.path={base / 'data.yaml'}", "train.batch=16", "train.accumulate=2",

@@ -28,7 +28,7 @@ def _ranks(run_dir: Path) -> list[dict]:
 def test_two_scorers_agree_on_trained_weights(ddp_run: Path, shapes: Path, tmp_path: Path) -> None:
     """The parity benchmark's independent scorer: pycocotools' COCOeval on ground truth built from the label files
     agrees with Ultralytics' validator on a model that learned (COCO's AP by size reported beside it)."""
-    from yolo_ray import coco_eval
+    from yolo_ray.bench import coco_eval
 
     scores = coco_eval.score(ddp_run / "train" / "weights" / "best.pt", shapes / "data.yaml", 128, "cpu", tmp_path)
     own, coco = scores["ultralytics"], scores["coco"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ENV, yolo_ray
 
-from yolo_ray import parity as harness
+from yolo_ray.bench import parity as harness
 from yolo_ray.config import ConfigError
 
 LOSSES = ("train/box_loss", "train/cls_loss", "train/dfl_loss")

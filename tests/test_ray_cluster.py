@@ -22,8 +22,9 @@ from conftest import (
     yolo_ray,
 )
 
-from yolo_ray import config, sweep
-from yolo_ray.ray_cluster import auto_cpus_per_worker
+from yolo_ray import config
+from yolo_ray.driver import sweep
+from yolo_ray.driver.ray_cluster import auto_cpus_per_worker
 
 EPOCHS = 4
 

@@ -1,4 +1,4 @@
-"""One driver per run directory (yolo_ray/run_lock.py), with real flock locks held by real processes."""
+"""One driver per run directory (yolo_ray/driver/run_lock.py), with real flock locks held by real processes."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from conftest import REPO, yolo_ray
 
-from yolo_ray import run_lock
 from yolo_ray.config import ConfigError
+from yolo_ray.driver import run_lock
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from yolo_ray import run_lock
+from yolo_ray.driver import run_lock
 with run_lock.hold(Path(sys.argv[1]), "exp.yaml"):
     print("held", flush=True)
     time.sleep(600)

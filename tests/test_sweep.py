@@ -14,8 +14,9 @@ import yaml
 from conftest import ENV, REPO, MlflowServer, SharedRay, kill_tree, small_data, yolo_ray
 from mlflow import MlflowClient
 
-from yolo_ray import config, sweep
+from yolo_ray import config
 from yolo_ray.config import ConfigError
+from yolo_ray.driver import sweep
 
 SWEEP = REPO / "experiments" / "sweep-batch-lr-accumulate.yaml"
 

@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 from tests.conftest import REPO, MlflowServer, SharedRay, read_jsonl, yolo_ray
 from yolo_ray.data.synth import SynthSpec, dataset_path, generate
-from yolo_ray.export import letterbox_batch
+from yolo_ray.tracking.export import letterbox_batch
 
 FAILS_AFTER, IMGSZ = 3, 96
 # task: (model, epochs, the metric watched, the least its last epoch must reach). An untrained model scores exactly 0

@@ -31,8 +31,9 @@ from conftest import (
 )
 from mlflow import MlflowClient
 
-from yolo_ray import config, tracking
-from yolo_ray.export import ONNX_RTOL, letterbox_batch
+from yolo_ray import config
+from yolo_ray.tracking import mlflow_runs as tracking
+from yolo_ray.tracking.export import ONNX_RTOL, letterbox_batch
 
 
 def _run(client: MlflowClient, name: str):
@@ -372,7 +373,7 @@ def test_a_run_created_unanswered_is_found_not_created_twice(
 ) -> None:
     """A tracking server too slow to answer `create run` (seen under CI's load: a 10 s read timeout ended a run with a
     traceback before it trained): the request is tried again, and the run the server did create is the one used."""
-    from yolo_ray.ray_cluster import Scaling
+    from yolo_ray.driver.ray_cluster import Scaling
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     monkeypatch.setattr(tracking, "START_WAIT_S", 3.0)  # the stalled request reaches the server in the meantime

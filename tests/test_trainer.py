@@ -9,7 +9,7 @@ import pytest
 from yolo_ray import ultralytics_env
 
 ultralytics_env.setup()
-from yolo_ray.trainer import GRAPHS_COMPILE_MARK, _graphed_compile  # noqa: E402
+from yolo_ray.worker.trainer import GRAPHS_COMPILE_MARK, _graphed_compile  # noqa: E402
 
 
 @pytest.mark.parametrize(

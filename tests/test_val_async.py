@@ -1,4 +1,4 @@
-"""train.val_async: each epoch validated by an actor of its own while training goes on (yolo_ray/async_val.py)."""
+"""train.val_async: each epoch validated by an actor of its own while training goes on (worker/async_val.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import DEVICE_RUN, SharedRay, check_resumed, read_jsonl, small_run, smoke_run, yolo_ray
 
-from yolo_ray.async_val import AWAITING_PREFIX
+from yolo_ray.worker.async_val import AWAITING_PREFIX
 
 SCORES = ("mAP50", "mAP50-95", "precision", "recall")
 VAL_LOSSES = ("val/box_loss", "val/cls_loss", "val/dfl_loss")

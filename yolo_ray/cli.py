@@ -46,12 +46,13 @@ def _split(args: list[str], verbose: bool = False) -> tuple[str | None, list[str
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from yolo_ray import config, launcher
+    from yolo_ray import config
+    from yolo_ray.driver import launcher
 
     path, overrides = _split(ns.args, ns.verbose)
     cfg = config.load(path, overrides)
     if ns.native:
-        from yolo_ray.native import native_device, train_native
+        from yolo_ray.driver.native import native_device, train_native
 
         summary = train_native(cfg, device=ns.device or native_device(cfg))
         print(f"[yolo_ray] native Ultralytics: {json.dumps(summary['final'])}")
@@ -61,7 +62,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_tune(ns: argparse.Namespace) -> int:
-    from yolo_ray import config, sweep
+    from yolo_ray import config
+    from yolo_ray.driver import sweep
 
     path, overrides = _split(ns.args, ns.verbose)
     cfg = config.load(path, overrides)
@@ -73,7 +75,8 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
-    from yolo_ray import bench, parity
+    from yolo_ray.bench import parity
+    from yolo_ray.bench import throughput as bench
     from yolo_ray.config import parse_overrides
 
     kind = parity.ParitySettings if ns.parity else bench.BenchSettings
@@ -98,7 +101,9 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 def cmd_check(ns: argparse.Namespace) -> int:
     """Everything `train` and `tune` check before Ray starts: the config, the model, the dataset (every image and
     label), Ultralytics' arguments, the storage, the tracking server and alias, the sweep."""
-    from yolo_ray import config, inputs, sweep, tracking
+    from yolo_ray import config, inputs
+    from yolo_ray.driver import sweep
+    from yolo_ray.tracking import mlflow_runs as tracking
 
     path, overrides = _split(ns.args)
     cfg = config.load(path, overrides)
@@ -142,7 +147,8 @@ def cmd_synth(ns: argparse.Namespace) -> int:
 def cmd_sync(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from yolo_ray import config, tracking
+    from yolo_ray import config
+    from yolo_ray.tracking import mlflow_runs as tracking
 
     run_dir = Path(ns.run_dir).resolve()
     state_file = run_dir / tracking.STATE
@@ -167,9 +173,10 @@ def cmd_export(ns: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from yolo_ray import registry, tracking
     from yolo_ray.config import parse_overrides
-    from yolo_ray.export import export
+    from yolo_ray.tracking import mlflow_runs as tracking
+    from yolo_ray.tracking import registry
+    from yolo_ray.tracking.export import export
 
     opts = parse_overrides(ns.options, source="yolo-ray export")
     formats = [f.strip() for f in str(opts.get("formats", "onnx")).split(",") if f.strip()]
@@ -191,7 +198,8 @@ def _trained_imgsz(weights) -> int:
 
 
 def cmd_promote(ns: argparse.Namespace) -> int:
-    from yolo_ray import registry, tracking
+    from yolo_ray.tracking import mlflow_runs as tracking
+    from yolo_ray.tracking import registry
 
     try:
         print(registry.promote(ns.name, ns.version, tracking.resolve_uri(ns.tracking_uri), force=ns.force))
@@ -203,7 +211,7 @@ def cmd_promote(ns: argparse.Namespace) -> int:
 
 def cmd_submit(ns: argparse.Namespace) -> int:
     from yolo_ray import config
-    from yolo_ray.submit import submit
+    from yolo_ray.driver.submit import submit
 
     path, overrides = _split(ns.args, ns.verbose)
     cfg = config.load(path, overrides)  # bad input fails here, before anything reaches the cluster

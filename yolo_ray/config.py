@@ -82,7 +82,7 @@ class TrainConfig:
     amp: bool = True
     sync_bn: bool = False
     channels_last: bool = False  # NHWC model and inputs: faster convolutions under AMP on recent GPUs
-    cuda_graphs: bool = False  # the model's forward and backward replayed as CUDA graphs (yolo_ray/cuda_graphs.py)
+    cuda_graphs: bool = False  # the model's forward and backward replayed as CUDA graphs (worker/cuda_graphs.py)
     cache: bool | Literal["ram", "disk"] = False
     workers: int = 2  # data loader processes per Ray worker
     seed: int = 0
@@ -90,7 +90,7 @@ class TrainConfig:
     close_mosaic: int = 10
     patience: int = 100
     val: bool = True
-    # validate each epoch's EMA weights beside training instead of stopping it (yolo_ray/async_val.py)
+    # validate each epoch's EMA weights beside training instead of stopping it (yolo_ray/worker/async_val.py)
     val_async: bool = False
     # where: thread (in rank 0's training process, on a CUDA stream of its own) | actor (a Ray actor of its own)
     val_runner: Literal["thread", "actor"] = "thread"
@@ -108,7 +108,7 @@ class ScalingSection:
     num_workers: int | Literal["auto"] | list = "auto"
     elastic_resize_interval_s: float = 60.0  # an elastic group considers growing this often
     use_gpu: bool | Literal["auto"] = "auto"  # auto: GPUs when the cluster has them
-    # auto: a GPU worker reserves its loader processes + 1 (yolo_ray/ray_cluster.py auto_cpus_per_worker); CPU ones 1
+    # auto: a GPU worker reserves its loader processes + 1 (driver/ray_cluster.py auto_cpus_per_worker); CPU ones 1
     cpus_per_worker: float | Literal["auto"] = "auto"
     gpus_per_worker: float = 1.0
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"

@@ -1,10 +1,10 @@
 """A run's progress as the user sees it: one line per epoch, and on a terminal one progress bar.
 
 Rank 0 writes where its epoch stands to progress.json in the run directory (at most twice a second: a small file
-replaced atomically) and each finished epoch to history.jsonl (worker.py). The driver follows both files and prints:
-the epoch lines always (they are what `ray job submit` logs and CI keep), and, when its stdout is a terminal, one
-bar for the epoch in flight. The run directory is shared storage on a cluster, so this works wherever the driver
-runs; nothing crosses Ray for it.
+replaced atomically) and each finished epoch to history.jsonl (worker/loop.py). The driver follows both files
+and prints: the epoch lines always (they are what `ray job submit` logs and CI keep), and, when its stdout is a
+terminal, one bar for the epoch in flight. The run directory is shared storage on a cluster, so this works wherever
+the driver runs; nothing crosses Ray for it.
 """
 
 from __future__ import annotations

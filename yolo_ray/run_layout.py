@@ -5,7 +5,7 @@ data.yaml             the dataset with every path absolute: what the workers rea
 history.jsonl         one line per epoch whose checkpoint is on storage (summary.py)
 summary.json          the run's result, for scripts and people; final_metrics.json: the last validation
 progress.json         the epoch in flight, for the driver's console (progress.py)
-mlflow.json           the MLflow run this run logs to (tracking.py); .driver.lock: the driver holding it
+mlflow.json           the MLflow run this run logs to (tracking/mlflow_runs.py); .driver.lock: the driver holding it
 checkpoint_*/         Ray Train's checkpoints: Ultralytics' last.pt and meta.json (epoch, size, metrics)
 train/                Ultralytics' own: results.csv, plots, weights/{last,best}.pt
 ranks/                each rank's record (rank<R>.json); ranks/stream/: the stream loader's served ids

@@ -15,7 +15,7 @@ from yolo_ray.user_callbacks import UserCallback
 
 @dataclass(frozen=True)
 class ValAsyncSettings:
-    """train.val_async: where the validator runs (async_val.py)."""
+    """train.val_async: where the validator runs (worker/async_val.py)."""
 
     runner: str = "thread"  # thread: a thread of rank 0's process, its own CUDA stream; actor: a Ray actor of its own
     gpus: float = 0.0

@@ -13,7 +13,7 @@ gathered to rank 0, rank-0-only saving, the early-stop broadcast. What changes:
 - DDP on CPU gets no `device_ids` (Ultralytics passes `[None]`, which DDP rejects), and sync-BN converts the model
   right before the wrap;
 - the per-epoch checkpoint is Ultralytics' save_model run on a host snapshot by a writer thread
-  (checkpoint_writer.py), not on the training thread while every rank waits;
+  (worker/checkpoint_writer.py), not on the training thread while every rank waits;
 - optionally the train loader is yolo_ray's DeviceLoader (decoded images on the device, batched augmentation there),
   the model and inputs use channels_last memory, and the model's forward and backward replay CUDA graphs (through
   Ultralytics' seam for compiled models: `attempt_compile` returns the wrapper, the loop computes the loss apart).
@@ -39,8 +39,8 @@ from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distri
 
 from yolo_ray import run_layout as layout
 from yolo_ray import tasks
-from yolo_ray.checkpoint_writer import CheckpointWriter, weights_digest
 from yolo_ray.console import say
+from yolo_ray.worker.checkpoint_writer import CheckpointWriter, weights_digest
 from yolo_ray.worker_plan import StreamPlan
 
 
@@ -78,7 +78,7 @@ class RayTrainer(BaseTrainer):
         self.channels_last = channels_last
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.in_final_eval = False
-        self.val_async = val_async  # validation beside training (async_val.py); rank 0 holds `async_val`
+        self.val_async = val_async  # validation beside training (worker/async_val.py); rank 0 holds `async_val`
         self.async_val: Any = None
         self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
         self.shard_indices: list[int] = []
@@ -192,7 +192,7 @@ class RayTrainer(BaseTrainer):
     def validate(self) -> tuple[dict | None, float | None]:
         """Ultralytics' per-epoch validation, timed: with large batches it can cost more than the epoch's training.
         With train.val_async rank 0 hands the epoch to its validator instead (fitness None: Ultralytics' stopper and
-        best.pt wait for the result, async_val.py applies it); the other ranks go straight on."""
+        best.pt wait for the result, worker/async_val.py applies it); the other ranks go straight on."""
         if self.val_async and not self.in_final_eval:
             if self.async_val is not None:
                 return self.async_val.epoch_end()
@@ -220,7 +220,7 @@ class RayTrainer(BaseTrainer):
         self.last.unlink(missing_ok=True)  # a new file: an earlier epoch's staged link keeps its own bytes
         fitness = self.fitness
         if self.val_async:
-            self.fitness = float("nan")  # best.pt waits for this epoch's validation (async_val.py)
+            self.fitness = float("nan")  # best.pt waits for this epoch's validation (worker/async_val.py)
         try:
             super().save_model()
         finally:
@@ -345,7 +345,7 @@ def undistributed_validation() -> Iterator[None]:
             m.RANK = rank
 
 
-GRAPHS_COMPILE_MARK = "yolo_ray.cuda_graphs"  # args.compile while graphs are on
+GRAPHS_COMPILE_MARK = "yolo_ray.cuda_graphs"  # args.compile while graphs are on (a mark kept in last.pt: unchanged)
 
 
 @contextlib.contextmanager
@@ -363,7 +363,7 @@ def _graphed_compile(trainer: RayTrainer) -> Iterator[None]:
             trainer.args.compile = False
         yield
         return
-    from yolo_ray.cuda_graphs import GraphedModel
+    from yolo_ray.worker.cuda_graphs import GraphedModel
 
     def graphed(model: nn.Module, **_: Any) -> GraphedModel:  # before the DDP wrap, on a batch of this rank's shape
         args, dev = trainer.args, trainer.device

@@ -53,7 +53,7 @@ class BenchSettings:
     tta_epochs: int = 0  # > 0: also measure time-to-accuracy (native's final mAP50-95 after this many epochs)
     tta_factor: int = 3  # throughput mode may train up to tta_factor x tta_epochs epochs to reach it
     tta_batch_per_gpu: str = ""  # time-to-accuracy's images per device, e.g. "256,128" (default: throughput mode's)
-    profile_steps: int = 0  # > 0: yolo_ray variants profile this many steps of epoch 2 (yolo_ray/profiling.py)
+    profile_steps: int = 0  # > 0: yolo_ray variants profile this many steps of epoch 2 (yolo_ray/worker/profiling.py)
     deterministic: bool = True  # every variant's train.deterministic (false: cuDNN autotuned, its fastest kernels)
     cpus_per_worker: float = 0  # yolo_ray's Ray workers (0: this machine's CPUs shared among them, as native has them)
     device_cache: str = "auto"  # the device-loader variants' data.device_cache: auto | replicated | sharded
@@ -358,7 +358,7 @@ def _step_ceiling(s: BenchSettings, device: str, batch: int, graphs: bool) -> di
     import torch
 
     from yolo_ray import ultralytics_env
-    from yolo_ray.cuda_graphs import GraphedModel
+    from yolo_ray.worker.cuda_graphs import GraphedModel
 
     ultralytics_env.setup()
     from ultralytics.nn.tasks import DetectionModel

@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from yolo_ray import coco_eval, gitinfo
+from yolo_ray import gitinfo
 from yolo_ray import run_layout as layout
-from yolo_ray.bench import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
+from yolo_ray.bench import coco_eval
+from yolo_ray.bench.throughput import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
 
@@ -33,7 +34,7 @@ PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "valinline",
          "streamcpu")  # fmt: skip
 DEFAULT_PATHS = PATHS[:5]
 # the fast path validating every epoch (the others validate once, at the end): inline, or by its own actor on a
-# quarter of the GPU (train.val_async, async_val.py): what validation costs the training GPU's epoch
+# quarter of the GPU (train.val_async, worker/async_val.py): what validation costs the training GPU's epoch
 VALIDATING = {
     "valinline": [],
     "valasync": ["train.val_async=true", "train.val_runner=actor"],  # a Ray actor

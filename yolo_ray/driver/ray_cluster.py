@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import ray
 
-from yolo_ray import console, reaper
+from yolo_ray import console
 from yolo_ray.config import ConfigError, ExperimentConfig, check_batch_divides, check_gpu_only, worker_range
+from yolo_ray.driver import reaper
 
 
 @dataclass(frozen=True)

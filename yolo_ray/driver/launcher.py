@@ -9,9 +9,10 @@ from typing import Any
 
 import yaml
 
-from yolo_ray import inputs, run_lock, user_callbacks
+from yolo_ray import inputs, user_callbacks
 from yolo_ray import run_layout as layout
 from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.driver import run_lock
 from yolo_ray.faults import FaultPlan
 from yolo_ray.metrics import headline
 from yolo_ray.progress import EpochConsole
@@ -171,11 +172,11 @@ def _fit(
     parent_run_id: str | None,
 ) -> dict[str, Any]:
     """Connect to Ray, start MLflow, run the TorchTrainer, write summary.json (the run directory locked)."""
-    from yolo_ray import ray_cluster
+    from yolo_ray.driver import ray_cluster
 
     uri = None
     if cfg.tracking.enabled:
-        from yolo_ray import tracking
+        from yolo_ray.tracking import mlflow_runs as tracking
 
         uri = tracking.tracking_uri(cfg)
         tracking.check(cfg, uri)
@@ -228,7 +229,7 @@ def _torch_trainer(
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from yolo_ray.worker import train_loop_per_worker
+    from yolo_ray.worker.loop import train_loop_per_worker
 
     resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
     run = cfg.run

@@ -5,7 +5,7 @@ agents (started by the raylet) outlive it: adopted by init, still running a minu
 driver starts this watcher once its local Ray is up, with the processes Ray started then; when the driver is gone,
 the watcher gives Ray a few seconds to stop by itself and kills whatever of those processes is left.
 
-    python -m yolo_ray.reaper DRIVER_PID PID:CREATE_TIME ...
+    python -m yolo_ray.driver.reaper DRIVER_PID PID:CREATE_TIME ...
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def start(driver: int) -> subprocess.Popen | None:
         return None
     args = [f"{p.pid}:{p.create_time()}" for p in ray_processes]
     return subprocess.Popen(
-        [sys.executable, "-m", "yolo_ray.reaper", str(driver), *args],
+        [sys.executable, "-m", "yolo_ray.driver.reaper", str(driver), *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

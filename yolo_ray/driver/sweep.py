@@ -197,7 +197,7 @@ def _trainable(sampled: dict[str, Any], base: dict, source: str, sweep_dir: str)
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from yolo_ray import launcher
+    from yolo_ray.driver import launcher
 
     cfg = trial_config(config_mod.from_dict(base, source), sampled, tune.get_context().get_trial_id(), Path(sweep_dir))
     launcher.train(cfg, callbacks=[TuneReportCallback()])
@@ -205,7 +205,7 @@ def _trainable(sampled: dict[str, Any], base: dict, source: str, sweep_dir: str)
 
 def resolve_trial_cpus(cfg: ExperimentConfig, use_gpu: bool, nodes: list[dict]) -> ExperimentConfig:
     """`tune.trial.cpus_per_worker: auto` as a number, once, on the driver: every trial and the concurrency use it."""
-    from yolo_ray import ray_cluster
+    from yolo_ray.driver import ray_cluster
 
     tr = cfg.tune.trial
     if tr.cpus_per_worker != "auto":
@@ -242,7 +242,9 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     import ray
     from ray import tune
 
-    from yolo_ray import inputs, ray_cluster, tracking
+    from yolo_ray import inputs
+    from yolo_ray.driver import ray_cluster
+    from yolo_ray.tracking import mlflow_runs as tracking
 
     check_space(cfg)
     inputs.prepare(cfg)  # model and dataset checks (and synthetic generation) before any trial
@@ -351,7 +353,7 @@ def _parent_run(cfg: ExperimentConfig, uri: str, sweep_dir: Path) -> str:
     """The sweep's MLflow run (kept in sweep_dir/mlflow.json so a resumed sweep keeps it)."""
     from mlflow import MlflowClient
 
-    from yolo_ray import tracking
+    from yolo_ray.tracking import mlflow_runs as tracking
 
     state_file = sweep_dir / tracking.STATE
     if state_file.exists():
@@ -497,7 +499,8 @@ class TrialFollower:
                 print(f"[yolo_ray] mlflow: trial sync deferred ({type(e).__name__}: {e})", flush=True)
 
     def tracker(self, trial_id: str) -> Any:
-        from yolo_ray import ray_cluster, tracking
+        from yolo_ray.driver import ray_cluster
+        from yolo_ray.tracking import mlflow_runs as tracking
 
         if trial_id not in self.trackers:
             run_dir = self.sweep_dir / "trials" / trial_id

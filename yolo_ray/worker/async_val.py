@@ -44,8 +44,8 @@ import ray
 import torch
 from torch import nn
 
-from yolo_ray.checkpoint_writer import AWAITING_PREFIX, awaiting_dir, host_copies
 from yolo_ray.console import say
+from yolo_ray.worker.checkpoint_writer import AWAITING_PREFIX, awaiting_dir, host_copies
 from yolo_ray.worker_plan import ValAsyncSettings
 
 VAL_ATTEMPTS = 3  # submissions of one epoch's validation before it is given up
@@ -112,7 +112,7 @@ class Validator:
         training stream's event after which `state` (copies on the training device) may be read."""
         self._maybe_fail(epoch)
         started = time.perf_counter()
-        from yolo_ray.trainer import undistributed_validation  # no collective: only rank 0 validates
+        from yolo_ray.worker.trainer import undistributed_validation  # no collective: only rank 0 validates
 
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if ready is not None and self.stream is not None:

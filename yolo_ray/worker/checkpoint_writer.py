@@ -47,7 +47,7 @@ class CheckpointWriter:
 
     def __init__(self, trainer: Any, save_model: Any, keep_for_validation: bool = False):
         """save_model: Ultralytics' unbound `save_model`, called with a frozen view of `trainer`. keep_for_validation
-        (train.val_async): each epoch's last.pt is also linked into its awaiting directory (async_val.py), and
+        (train.val_async): each epoch's last.pt is also linked into its awaiting directory (worker/async_val.py), and
         best.pt is never written here (its epoch is known only once the validation comes back)."""
         self.trainer, self.save_model = trainer, save_model
         self.keep_for_validation = keep_for_validation
@@ -158,7 +158,7 @@ class CheckpointWriter:
 
 
 def awaiting_dir(weights_dir: Path, epoch: int) -> Path:
-    """Where epoch `epoch`'s (0-based) last.pt waits for its validation (async_val.py promotes or drops it)."""
+    """Where epoch `epoch`'s (0-based) last.pt waits for its validation (worker/async_val.py promotes or drops it)."""
     return weights_dir / f"{AWAITING_PREFIX}{epoch}"
 
 

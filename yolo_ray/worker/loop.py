@@ -23,14 +23,15 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from yolo_ray import async_val, faults, user_callbacks
+from yolo_ray import faults, user_callbacks
 from yolo_ray import run_layout as layout
-from yolo_ray.async_val import AsyncValidation
-from yolo_ray.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.console import say
 from yolo_ray.metrics import epoch_metrics, final_metrics, final_record
 from yolo_ray.progress import ProgressWriter
 from yolo_ray.summary import append_history, newest_checkpoint, read_history, write_history
+from yolo_ray.worker import async_val
+from yolo_ray.worker.async_val import AsyncValidation
+from yolo_ray.worker.checkpoint_writer import STAGING_PREFIX
 from yolo_ray.worker_plan import ValAsyncSettings, WorkerPlan
 
 
@@ -102,7 +103,7 @@ def _resume(plan: WorkerPlan, run_dir: Path, rank: int, stack: ExitStack) -> tup
 
 
 def _trainer(plan: WorkerPlan, overrides: dict[str, Any], device: torch.device, world_size: int) -> Any:
-    from yolo_ray.trainer import trainer_class  # imports ultralytics: only after Ray set the ranks
+    from yolo_ray.worker.trainer import trainer_class  # imports ultralytics: only after Ray set the ranks
 
     return trainer_class(overrides["task"])(
         overrides,
@@ -138,7 +139,7 @@ def _attach(
     if rank == 0:
         ProgressWriter(run_dir).attach(trainer)
     if rank == 0 and plan.profile_steps:
-        from yolo_ray.profiling import StepProfiler
+        from yolo_ray.worker.profiling import StepProfiler
 
         StepProfiler(run_dir, plan.profile_steps).attach(trainer)
     return reporter
@@ -147,7 +148,7 @@ def _attach(
 def export_best(best: Path, data: Path, imgsz: int, run_dir: Path) -> None:
     """Rank 0: best.pt (plain EMA weights, never the DDP wrapper) -> export/model.onnx, checked on 4 val images."""
     from yolo_ray.data.checks import split_images
-    from yolo_ray.export import export_and_check
+    from yolo_ray.tracking.export import export_and_check
 
     out = layout.export(run_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +161,7 @@ def finish_trained_run(plan: WorkerPlan, run_dir: Path, overrides: dict[str, Any
     does: Ultralytics' dataset set-up holds a barrier for all ranks; rank 0 writes the results."""
     from ultralytics import YOLO
 
-    from yolo_ray.trainer import undistributed_validation
+    from yolo_ray.worker.trainer import undistributed_validation
 
     weights = layout.weights(run_dir)
     best = weights / "best.pt" if (weights / "best.pt").exists() else weights / "last.pt"
