@@ -8,7 +8,7 @@ ways is an error, not a silent winner.
 
 from __future__ import annotations
 
-from yolo_ray.config import ConfigError
+from yolo_ray.config_schema import ConfigError
 
 # Ultralytics' name -> yolo_ray's config key
 TO_CONFIG = {

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolo_ray.config import ConfigError
+from yolo_ray.config_schema import ConfigError
 
 
 @dataclass(frozen=True)
