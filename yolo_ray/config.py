@@ -1,6 +1,6 @@
 """Experiment config: loading a YAML experiment (or the embedded default) and `key=value` overrides, checked on every
-load. The schema is config_schema.py, the checks config_checks.py; this module is their face: callers import the
-config's names from here.
+load. The schema is config_schema.py (its everyday names are importable from here too), the checks
+config_checks.py.
 
 A config has five sections (model, data, train, scaling, run) plus `tracking` and `tune`. Every key is typed; a bad
 value raises ConfigError naming the file, the key and the fix, before Ray or a GPU is touched.
@@ -18,44 +18,20 @@ from typing import Any, Literal, Union
 import yaml
 
 from yolo_ray import ultralytics_keys
-from yolo_ray.config_checks import (
-    DEVICE_LOADER_UNSUPPORTED,
-    MANAGED_KEYS,
-    MAX_IMGSZ,
-    RUN_NAME,
-    STREAM_UNSUPPORTED,
-    TRAIN_KEYS,
-    check_batch_divides,
-    check_cuda_graphs,
-    check_device_loader,
-    check_gpu_only,
-    check_static,
-    check_val_async,
-    check_worker_range,
-    ultralytics_train_keys,
-    worker_range,
-)
-from yolo_ray.config_schema import (
-    EMBEDDED,
-    ConfigError,
-    DataConfig,
-    ExperimentConfig,
-    RunSection,
-    ScalingSection,
-    SyntheticData,
-    TrackingSection,
-    TrainConfig,
-    TrialScaling,
-    TuneSection,
-)
+from yolo_ray.config_checks import MANAGED_KEYS, check_static, ultralytics_train_keys
+from yolo_ray.config_schema import EMBEDDED, ConfigError, ExperimentConfig, TuneSection
 
+# the schema's names callers use, importable from here beside load(); checks come from config_checks
 __all__ = [
-    "DEVICE_LOADER_UNSUPPORTED", "EMBEDDED", "MANAGED_KEYS", "MAX_IMGSZ", "RUN_NAME", "STREAM_UNSUPPORTED",
-    "TRAIN_KEYS", "ConfigError", "DataConfig", "ExperimentConfig", "RunSection", "ScalingSection", "SyntheticData",
-    "TrackingSection", "TrainConfig", "TrialScaling", "TuneSection", "apply", "check_batch_divides",
-    "check_cuda_graphs", "check_device_loader", "check_gpu_only", "check_static", "check_val_async",
-    "check_worker_range", "from_dict", "load", "parse_overrides", "ultralytics_train_keys", "worker_range",
-]  # fmt: skip
+    "EMBEDDED",
+    "ConfigError",
+    "ExperimentConfig",
+    "TuneSection",
+    "apply",
+    "from_dict",
+    "load",
+    "parse_overrides",
+]
 
 
 # --------------------------------------------------------------------------------------------------- parsing

@@ -16,7 +16,8 @@ from typing import Any
 
 from yolo_ray import run_layout as layout
 from yolo_ray import tasks
-from yolo_ray.config import TRAIN_KEYS, ConfigError, ExperimentConfig
+from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.config_checks import TRAIN_KEYS
 from yolo_ray.data import checks
 from yolo_ray.tasks import TASKS
 

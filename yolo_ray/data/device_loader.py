@@ -14,7 +14,7 @@ RandomHSV, RandomFlip) and boxes go through its filters (clip, zero-area removal
 through the same affine, turn invisible where they leave the canvas or the image, and are reordered by the dataset's
 flip_idx when an image is mirrored (as Instances.clip, RandomPerspective.apply_keypoints and RandomFlip
 do). Segment masks and rotated boxes are not moved (inputs.check_task_paths refuses those tasks). Not reproduced:
-perspective, mixup, cutmix, copy_paste (config.check_static refuses them with this loader) and the optional
+perspective, mixup, cutmix, copy_paste (config_checks.check_static refuses them with this loader) and the optional
 albumentations blur/CLAHE. Memory: images x imgsz^2 x 3 bytes per worker (data.device_cache: sharded divides it by
 the workers).
 """

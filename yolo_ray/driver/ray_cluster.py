@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import ray
 
 from yolo_ray import console
-from yolo_ray.config import ConfigError, ExperimentConfig, check_batch_divides, check_gpu_only, worker_range
+from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.config_checks import check_batch_divides, check_gpu_only, worker_range
 from yolo_ray.driver import reaper
 
 

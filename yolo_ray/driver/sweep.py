@@ -18,7 +18,8 @@ import yaml
 
 from yolo_ray import config as config_mod
 from yolo_ray import run_layout as layout
-from yolo_ray.config import ConfigError, ExperimentConfig, TuneSection, worker_range
+from yolo_ray.config import ConfigError, ExperimentConfig, TuneSection
+from yolo_ray.config_checks import ultralytics_train_keys, worker_range
 from yolo_ray.metrics import sweepable
 from yolo_ray.summary import read_history
 from yolo_ray.tasks import SCORES, metric_key
@@ -33,7 +34,7 @@ def _key_exists(cfg: ExperimentConfig, dotted: str) -> bool:
     node: Any = cfg.to_dict()
     parts = dotted.split(".")
     if parts[:2] == ["train", "extra"] and len(parts) == 3:
-        return parts[2] in config_mod.ultralytics_train_keys()
+        return parts[2] in ultralytics_train_keys()
     for part in parts:
         if not isinstance(node, dict) or part not in node:
             return False
