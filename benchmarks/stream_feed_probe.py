@@ -62,6 +62,48 @@ def sample_task(out: Path, seconds: int) -> None:
         subprocess.run([*cmd, "-o", str(out)], capture_output=True, timeout=seconds + 30)
 
 
+def read_cropped(batch: dict[str, np.ndarray], **kw: object) -> dict[str, np.ndarray]:
+    """read_rows, each image shipped at its own size (a ragged column) instead of in an imgsz^2 slot."""
+    out = read_rows(batch, **kw)  # type: ignore[arg-type]
+    full = out.pop("pixels")
+    crops = [full[i, :h, :w] for i, (h, w) in enumerate(out["hw"].tolist())]
+    out["pixels"] = np.array([*crops, None], dtype=object)[:-1]
+    return out
+
+
+class TaskCount(threading.Thread):
+    """How many read tasks run at once (Ray names a busy worker process after its task), sampled every 0.1 s."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[int] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1):
+            names = (" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+            self.samples.append(sum(n.startswith("ray::MapBatches") for n in names))
+
+    def mean(self) -> float:
+        self.stop.set()
+        return round(float(np.mean(self.samples)), 2) if self.samples else 0.0
+
+
+def to_device(b: dict, mode: str, host: object) -> None:
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if mode != "crop":
+        torch.from_numpy(b["pixels"]).to(dev)
+        return
+    buf = host[: len(b["pixels"])]  # type: ignore[index]
+    buf.fill_(114)
+    for i, im in enumerate(b["pixels"]):
+        buf[i, : im.shape[0], : im.shape[1]] = torch.from_numpy(im)
+    buf.to(dev, non_blocking=True)
+    torch.cuda.synchronize() if dev == "cuda" else None
+
+
 def feed(
     rows: list[dict],
     rows_per_block: int,
@@ -70,31 +112,47 @@ def feed(
     profile: Path | None,
     to_gpu: bool = True,
     prefetch: int = 4,
+    mode: str = "plain",
 ) -> list[dict]:
+    """mode: plain (imgsz^2 slots), crop (each image at its size, padded on the consumer into pinned memory),
+    free (plain, with Ray Data's per-operator object store reservation off), free10 (free, and 10 x the
+    downstream capacity an operator may queue for)."""
     import ray.data
     import torch
-    from ray.data import RandomSeedConfig
+    from ray.data import DataContext, RandomSeedConfig
 
+    ctx = DataContext.get_current()
+    ctx.op_resource_reservation_enabled = not mode.startswith("free")
+    ctx.downstream_capacity_backpressure_ratio = 10.0 if mode == "free10" else 2.0
+    host = torch.empty((batch, 640, 640, 3), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
     ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // rows_per_block))
     ds = ds.random_shuffle(seed=RandomSeedConfig(seed=0, reseed_after_execution=True))
-    ds = ds.map_batches(read_rows, fn_kwargs={"fs": Filesystem("local"), "imgsz": 640, "decode": True},
+    ds = ds.map_batches(read_cropped if mode == "crop" else read_rows,
+                        fn_kwargs={"fs": Filesystem("local"), "imgsz": 640, "decode": True},
                         batch_size=batch, num_cpus=1, batch_format="numpy")  # fmt: skip
     shard = ds.streaming_split(1, equal=True)[0]
     out = []
     for epoch in range(epochs):
         if profile and epoch == 1:
             threading.Thread(target=sample_task, args=(profile, 6), daemon=True).start()
-        cpu0, t, n = worker_cpu(), time.perf_counter(), 0
+        tasks = TaskCount()
+        tasks.start()
+        cpu0, t, n, wait = worker_cpu(), time.perf_counter(), 0, 0.0
+        t_wait = time.perf_counter()
         for b in shard.iter_batches(batch_size=batch, batch_format="numpy", prefetch_batches=prefetch):
+            wait += time.perf_counter() - t_wait
             if to_gpu:
-                torch.from_numpy(b["pixels"]).to("cuda" if torch.cuda.is_available() else "cpu")
+                to_device(b, mode, host)
             n += len(b["id"])
+            t_wait = time.perf_counter()
         dt = time.perf_counter() - t
         cpu = cpu_since(cpu0)
-        row = {"rows_per_block": rows_per_block, "to_gpu": to_gpu, "prefetch": prefetch, "epoch": epoch}
+        row = {"rows_per_block": rows_per_block, "to_gpu": to_gpu, "prefetch": prefetch, "mode": mode, "epoch": epoch}
         out.append({**row, "images": n, "s": round(dt, 2), "images_per_s": round(n / dt, 1),
+                    "consumer_wait_share": round(wait / dt, 3), "tasks_running_mean": tasks.mean(),
                     "ray_cpu_ms_per_image": round(cpu / n * 1000, 2)})  # fmt: skip
         print(out[-1], flush=True)
+    print(shard.stats()[-3000:], flush=True)
     return out
 
 
@@ -103,7 +161,7 @@ def main() -> None:
     ap.add_argument("data_yaml")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--blocks", default="256,64")
-    ap.add_argument("--variants", default="", help="BLOCK:to_gpu(0|1):prefetch,... instead of --blocks")
+    ap.add_argument("--variants", default="", help="BLOCK:to_gpu(0|1):prefetch[:plain|crop|free],... (not --blocks)")
     ap.add_argument("--skip-decode", action="store_true", help="skip the bare OpenCV timing")
     ap.add_argument("--out", default="benchmarks/runs-feed/feed.json")
     a = ap.parse_args()
@@ -125,11 +183,14 @@ def main() -> None:
     ray.init(include_dashboard=False, log_to_driver=False)
     rows = [{"id": i, "image": f, "label": label_path(f)} for i, f in enumerate(files)]
     report["feed"] = []
-    variants = [v.split(":") for v in a.variants.split(",")] if a.variants else []
-    variants = variants or [[k, "1", "4"] for k in a.blocks.split(",")]
-    for k, gpu, pre in variants:
-        profile = out_dir / f"task-{k}-{gpu}-{pre}.pyspy.txt"
-        report["feed"] += feed(rows, int(k), 64, a.epochs, profile, gpu == "1", int(pre))
+    variants = [[*v.split(":"), "plain"][:4] for v in a.variants.split(",")] if a.variants else []
+    variants = variants or [[k, "1", "4", "plain"] for k in a.blocks.split(",")]
+    report["object_store_gib"] = round(ray.cluster_resources().get("object_store_memory", 0) / 2**30, 1)
+    report["dev_shm_gib"] = round(shutil.disk_usage("/dev/shm").total / 2**30, 1)
+    print(report, flush=True)
+    for k, gpu, pre, mode in variants:
+        profile = out_dir / f"task-{k}-{gpu}-{pre}-{mode}.pyspy.txt"
+        report["feed"] += feed(rows, int(k), 64, a.epochs, profile, gpu == "1", int(pre), mode)
         Path(a.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
 

@@ -279,6 +279,41 @@ def test_a_padded_batch_fills_the_ring_as_its_images_do(scenes: Path) -> None:
     assert torch.equal(by_image.boxes[by_image.valid], by_batch.boxes[by_batch.valid])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU only (the device tool)")
+def test_batches_copied_on_a_side_stream_fill_the_ring_as_on_the_cpu() -> None:
+    """On a GPU each batch is copied on a stream of its own while the training stream is busy: the ring then holds
+    what the CPU's ring holds, pixels, sizes and boxes, over several wraps (a 10 ms kernel queued after each batch)."""
+    rng = np.random.default_rng(0)
+    loaders = []
+    for dev in ("cpu", "cuda"):
+        s = stream_loader.StreamLoader.__new__(stream_loader.StreamLoader)  # only the ring and the copy stream
+        s.ring = stream_loader.RingCache(96, 640, torch.device(dev), max_boxes=8)
+        s.copy_stream = torch.cuda.Stream() if dev == "cuda" else None
+        loaders.append(s)
+    for step in range(7):
+        rows = {
+            "id": np.arange(64) + 64 * step,
+            "file": np.array([f"f{i}" for i in range(64)]),
+            "pixels": rng.integers(0, 255, (64, 640, 640, 3), dtype=np.uint8),
+            "hw": rng.integers(200, 641, (64, 2)).astype(np.int32),
+            "label_text": np.array([_label_text(rng) for _ in range(64)], dtype=object),
+        }
+        for s in loaders:
+            batch = s.prepare(rows)
+            if s.copy_stream is not None:
+                batch.hand_over(torch.cuda.current_stream())
+            s.ring.add(batch)
+            torch.cuda._sleep(10_000_000)
+    a, b = (s.ring.view() for s in loaders)
+    assert torch.equal(a.images, b.images.cpu()) and torch.equal(a.hw, b.hw.cpu())
+    assert torch.equal(a.valid, b.valid.cpu()) and torch.equal(a.boxes[a.valid], b.boxes.cpu()[b.valid.cpu()])
+
+
+def _label_text(rng: np.random.Generator) -> str:
+    rows = (f"{rng.integers(5)} 0.5 0.5 {rng.uniform(0.05, 0.5):.4f} {rng.uniform(0.05, 0.5):.4f}" for _ in range(12))
+    return "\n".join(list(rows)[: rng.integers(0, 12)])
+
+
 def _yolo_rows(cache: device_loader.DeviceCache, r: int) -> np.ndarray:
     """A cached image's boxes back as label-file rows (class, normalised xywh)."""
     h, w = cache.hw[r].tolist()

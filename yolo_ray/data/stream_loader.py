@@ -126,6 +126,10 @@ def pipeline(
 
     ctx = DataContext.get_current()  # travels with the dataset to Ray Train's split coordinator
     ctx.enable_progress_bars = ctx.print_on_execution_start = verbose  # else a bar and a banner every epoch
+    # one budget for all operators instead of a reserved share each: the share left the read tasks at 7 of 15 CPUs
+    # on one H200 host (feed 810 images/s, 1060 without; benchmarks/stream_feed_probe.py). Still bounded: Ray
+    # Data's object store limit holds for the whole pipeline
+    ctx.op_resource_reservation_enabled = False
     # a read task per block: blocks of a batch or so keep every CPU decoding on a small set (256-row blocks left 5
     # of 16 CPUs idle on 3000 images); the cap bounds the shuffle's all-to-all on a large one
     ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // batch, MAX_BLOCKS)))
@@ -195,6 +199,17 @@ class Prepared(NamedTuple):
     hw: torch.Tensor  # [B, 2]
     labels: Labels  # boxes in pixels of the resized images (no keypoints)
     padded: torch.Tensor | None = None  # the batch as [B, imgsz, imgsz, 3] (decoded by Ray Data): one copy a batch
+    ready: torch.cuda.Event | None = None  # on a GPU: its copies (made on a side stream) are done
+
+    def hand_over(self, stream: torch.cuda.Stream) -> None:
+        """Makes `stream` (the training thread's) wait for this batch's copies, and keeps the caching allocator from
+        reusing their memory before `stream` is done with them."""
+        if self.ready is None:
+            return
+        stream.wait_event(self.ready)
+        for t in (self.padded, self.hw, *self.labels[:3], *self.images):
+            if t is not None:
+                t.record_stream(stream)
 
 
 class RingCache:
@@ -216,15 +231,16 @@ class RingCache:
         """A prepared batch into the next slots (on the training thread's stream, after the kernels that read the
         slots before); returns its slots."""
         b, m = len(batch.images), batch.labels.boxes.shape[1]
-        slots = (torch.arange(b) + self.next) % self.size
         if m > self.labels.boxes.shape[1]:
             self._grow(m)
-        on = slots.to(self.device)
+        # made on the device: a copy from pageable host memory waits for the whole stream (14% of the training
+        # thread on an H200)
+        on = (torch.arange(b, device=self.device) + self.next) % self.size
         if batch.padded is not None:  # one copy; a copy an image took 14% of the training thread on an H200
             self.images[on] = batch.padded
         else:
-            for slot, im in zip(slots.tolist(), batch.images, strict=True):
-                self.images[slot, : im.shape[0], : im.shape[1]] = im
+            for i, im in enumerate(batch.images):
+                self.images[(self.next + i) % self.size, : im.shape[0], : im.shape[1]] = im
         self.hw[on] = batch.hw.to(self.device)
         self.labels.valid[on] = False
         self.labels.boxes[on, :m], self.labels.cls[on, :m], self.labels.valid[on, :m] = (
@@ -334,6 +350,7 @@ class StreamLoader:
         self.sampler = EpochSampler(rows // max(1, world_size))
         self.ring = RingCache(ring_size(len(self.sampler), batch_size, ring_rows), imgsz, device)
         self.decoder = Decoder(imgsz, device, threads=decode_threads())
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.epochs_served: list[int] = []
         record_dir.mkdir(parents=True, exist_ok=True)
         self.record = open(record_dir / f"rank{rank}.{os.getpid()}.jsonl", "a")
@@ -353,6 +370,8 @@ class StreamLoader:
         # doing it here in turn with the step gave 386 images/s against 1319 in memory
         with Prefetched((self.prepare(r) for r in rows), depth=2) as batches:
             for batch in batches:
+                if self.copy_stream is not None:
+                    batch.hand_over(torch.cuda.current_stream(dev))
                 slots = self.ring.add(batch)
                 self.record.write(json.dumps({"epoch": epoch, "ids": batch.ids}) + "\n")
                 self.record.flush()
@@ -362,17 +381,30 @@ class StreamLoader:
                 yield {**targets, "img": img, "im_file": batch.files, "ori_shape": size, "resized_shape": size}
 
     def prepare(self, rows: dict[str, np.ndarray]) -> Prepared:
-        """Ray Data's rows -> decoded, resized images on the device and label tensors (the producer thread)."""
-        pixels = None
-        if "pixels" in rows:  # decoded by Ray Data on CPUs
-            pixels = torch.from_numpy(rows["pixels"]).to(self.ring.device, non_blocking=True)
-            images = [pixels[i, :h, :w] for i, (h, w) in enumerate(rows["hw"].tolist())]
-        else:
-            images = self.decoder(rows["data"], rows["file"])
-        hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)
-        parsed = [parse_labels(t) for t in rows["label_text"]]
-        labels = label_tensors([{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in parsed], hw)
-        return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], images, hw, labels, pixels)
+        """Ray Data's rows -> decoded, resized images on the device and label tensors (the producer thread). On a
+        GPU every copy goes through pinned memory on a stream of its own, so it overlaps the training step instead
+        of waiting for it (a copy from pageable memory waits for the stream it is on)."""
+        side = self.copy_stream
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            pixels = None
+            if "pixels" in rows:  # decoded by Ray Data on CPUs
+                pixels = self.upload(torch.from_numpy(rows["pixels"]))
+                images = [pixels[i, :h, :w] for i, (h, w) in enumerate(rows["hw"].tolist())]
+            else:
+                images = self.decoder(rows["data"], rows["file"])
+            hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)
+            parsed = [parse_labels(t) for t in rows["label_text"]]
+            labels = label_tensors([{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in parsed], hw)
+            labels = Labels(*(None if t is None else self.upload(t) for t in labels))
+            hw = self.upload(hw)
+            ready = side.record_event() if side is not None else None
+        return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], images, hw, labels, pixels, ready)
+
+    def upload(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor to the device: through pinned memory (Torch's caching host allocator) without a wait."""
+        if self.copy_stream is None:
+            return t.to(self.ring.device)
+        return t.pin_memory().to(self.ring.device, non_blocking=True)
 
     def close_mosaic(self) -> None:
         self.hyp.mosaic = 0.0
