@@ -12,16 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import yolo_ray
 
-from yolo_ray.bench.throughput import (
-    BenchSettings,
-    _derive,
-    _process_tree,
-    plan,
-    reached,
-    steady_images_per_s,
-    tta_batches,
-    variant_mem_mib,
-)
+from yolo_ray.bench.gpu_sampler import process_tree, variant_mem_mib
+from yolo_ray.bench.throughput import _derive, plan
+from yolo_ray.bench.time_to_accuracy import reached, tta_batches
+from yolo_ray.bench.variant_run import BenchSettings, steady_images_per_s
 from yolo_ray.config import ConfigError
 
 
@@ -41,7 +35,7 @@ def test_peak_memory_counts_the_variants_processes_alone() -> None:
     with subprocess.Popen([sys.executable, "-c", code]) as driver:
         try:
             for _ in range(100):  # until the grandchild has started
-                tree = _process_tree(driver.pid)
+                tree = process_tree(driver.pid)
                 if len(tree) == 2:
                     break
                 time.sleep(0.05)
@@ -59,9 +53,9 @@ def test_peak_memory_counts_the_variants_processes_alone() -> None:
             assert variant_mem_mib(gpus, apps, tree) == 3000.0  # the most on one GPU: 2500 on a, 3000 on b
             assert variant_mem_mib(gpus, apps, set()) == 0.0
         finally:
-            for pid in _process_tree(driver.pid):
+            for pid in process_tree(driver.pid):
                 os.kill(pid, 9)
-    assert _process_tree(driver.pid) == set()  # exited: nothing left to count
+    assert process_tree(driver.pid) == set()  # exited: nothing left to count
 
 
 def test_gpu_plan_runs_every_variant_side_by_side() -> None:

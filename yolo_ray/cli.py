@@ -77,9 +77,10 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 
     from yolo_ray.bench import parity
     from yolo_ray.bench import throughput as bench
+    from yolo_ray.bench.variant_run import BenchSettings
     from yolo_ray.config import parse_overrides
 
-    kind = parity.ParitySettings if ns.parity else bench.BenchSettings
+    kind = parity.ParitySettings if ns.parity else BenchSettings
     settings = kind.cpu() if ns.cpu else kind()
     source = "yolo-ray bench --parity" if ns.parity else "yolo-ray bench"
     opts = parse_overrides(ns.options, source=source)
@@ -103,7 +104,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
     label), Ultralytics' arguments, the storage, the tracking server and alias, the sweep."""
     from yolo_ray import config, inputs
     from yolo_ray.driver import sweep
-    from yolo_ray.tracking import mlflow_runs as tracking
+    from yolo_ray.tracking import mlflow_server
 
     path, overrides = _split(ns.args)
     cfg = config.load(path, overrides)
@@ -112,7 +113,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
         print(f"model: {checked.model}")
         print(checked.dataset.describe())
     if cfg.tracking.enabled:
-        tracking.check(cfg, tracking.tracking_uri(cfg))
+        mlflow_server.check(cfg, mlflow_server.tracking_uri(cfg))
     if cfg.tune.space:
         sweep.check_space(cfg)
     print(f"{cfg.source}: OK")
@@ -174,13 +175,13 @@ def cmd_export(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     from yolo_ray.config import parse_overrides
-    from yolo_ray.tracking import mlflow_runs as tracking
     from yolo_ray.tracking import registry
     from yolo_ray.tracking.export import export
+    from yolo_ray.tracking.mlflow_server import resolve_uri
 
     opts = parse_overrides(ns.options, source="yolo-ray export")
     formats = [f.strip() for f in str(opts.get("formats", "onnx")).split(",") if f.strip()]
-    uri = tracking.resolve_uri(ns.tracking_uri)
+    uri = resolve_uri(ns.tracking_uri)
     with tempfile.TemporaryDirectory() as tmp:
         weights = registry.resolve_weights(ns.source, uri, Path(tmp))
         imgsz = int(opts.get("imgsz") or _trained_imgsz(weights))
@@ -198,11 +199,11 @@ def _trained_imgsz(weights) -> int:
 
 
 def cmd_promote(ns: argparse.Namespace) -> int:
-    from yolo_ray.tracking import mlflow_runs as tracking
     from yolo_ray.tracking import registry
+    from yolo_ray.tracking.mlflow_server import resolve_uri
 
     try:
-        print(registry.promote(ns.name, ns.version, tracking.resolve_uri(ns.tracking_uri), force=ns.force))
+        print(registry.promote(ns.name, ns.version, resolve_uri(ns.tracking_uri), force=ns.force))
     except registry.PromotionRefused as e:
         print(f"refused: {e}", file=sys.stderr)
         return 1

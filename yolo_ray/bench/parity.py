@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from yolo_ray import gitinfo
 from yolo_ray import run_layout as layout
 from yolo_ray.bench import coco_eval
-from yolo_ray.bench.throughput import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
+from yolo_ray.bench.variant_run import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
 

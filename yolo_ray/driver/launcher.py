@@ -176,10 +176,10 @@ def _fit(
 
     uri = None
     if cfg.tracking.enabled:
-        from yolo_ray.tracking import mlflow_runs as tracking
+        from yolo_ray.tracking import mlflow_server
 
-        uri = tracking.tracking_uri(cfg)
-        tracking.check(cfg, uri)
+        uri = mlflow_server.tracking_uri(cfg)
+        mlflow_server.check(cfg, uri)
     data_yaml = checked.dataset.write(run_dir)  # what the workers read: every dataset path absolute
     where = ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
     scaling = ray_cluster.resolve(cfg)
@@ -187,8 +187,10 @@ def _fit(
     (run_dir / layout.CONFIG).write_text(_yaml(cfg.to_dict()))
     tracker = None
     if uri is not None:
-        tracking.check_multinode(cfg, uri, nodes)
-        tracker = tracking.Tracker(cfg, run_dir, uri, parent_run_id=parent_run_id)
+        from yolo_ray.tracking.mlflow_runs import Tracker
+
+        mlflow_server.check_multinode(cfg, uri, nodes)
+        tracker = Tracker(cfg, run_dir, uri, parent_run_id=parent_run_id)
         tracker.start(scaling, nodes, checked.dataset)
         tracker.follow()
     plan = plan_workers(cfg, checked, data_yaml, run_dir, scaling)

@@ -245,14 +245,14 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
     from yolo_ray import inputs
     from yolo_ray.driver import ray_cluster
-    from yolo_ray.tracking import mlflow_runs as tracking
+    from yolo_ray.tracking import mlflow_server
 
     check_space(cfg)
     inputs.prepare(cfg)  # model and dataset checks (and synthetic generation) before any trial
     sweep_dir = layout.run_dir(cfg.run.storage_path, cfg.run.name)
-    uri = tracking.tracking_uri(cfg) if cfg.tracking.enabled else None
+    uri = mlflow_server.tracking_uri(cfg) if cfg.tracking.enabled else None
     if uri:
-        tracking.check(cfg, uri)
+        mlflow_server.check(cfg, uri)
     ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
     use_gpu = bool(cfg.scaling.use_gpu) if cfg.scaling.use_gpu != "auto" else ray.cluster_resources().get("GPU", 0) > 0
     cfg = resolve_trial_cpus(cfg, use_gpu, ray_cluster.alive_nodes())
@@ -354,16 +354,17 @@ def _parent_run(cfg: ExperimentConfig, uri: str, sweep_dir: Path) -> str:
     """The sweep's MLflow run (kept in sweep_dir/mlflow.json so a resumed sweep keeps it)."""
     from mlflow import MlflowClient
 
-    from yolo_ray.tracking import mlflow_runs as tracking
+    from yolo_ray.tracking.mlflow_server import ensure_experiment
+    from yolo_ray.tracking.run_record import flatten, log_params, run_tags
 
-    state_file = sweep_dir / tracking.STATE
+    state_file = sweep_dir / layout.MLFLOW_STATE
     if state_file.exists():
         return json.loads(state_file.read_text())["run_id"]
     client = MlflowClient(tracking_uri=uri)
-    exp_id = tracking.ensure_experiment(client, cfg, uri)
-    run = client.create_run(exp_id, run_name=cfg.run.name, tags={**tracking.run_tags(cfg), "yolo_ray.kind": "sweep"})
-    tune_params = tracking.flatten({"tune": cfg.tune.__dict__ | {"trial": cfg.tune.trial.__dict__}})
-    tracking.log_params(client, run.info.run_id, {**tracking.flatten(cfg.to_dict()), **tune_params})
+    exp_id = ensure_experiment(client, cfg, uri)
+    run = client.create_run(exp_id, run_name=cfg.run.name, tags={**run_tags(cfg), "yolo_ray.kind": "sweep"})
+    tune_params = flatten({"tune": cfg.tune.__dict__ | {"trial": cfg.tune.trial.__dict__}})
+    log_params(client, run.info.run_id, {**flatten(cfg.to_dict()), **tune_params})
     state_file.write_text(json.dumps({"tracking_uri": uri, "run_id": run.info.run_id}))
     return run.info.run_id
 

@@ -16,208 +16,28 @@ import logging
 import os
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from yolo_ray import gitinfo
 from yolo_ray import run_layout as layout
-from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.config import ExperimentConfig
 from yolo_ray.metrics import scores
 from yolo_ray.summary import read_history
-from yolo_ray.tasks import SCORES
+from yolo_ray.tracking.mlflow_server import ensure_experiment, unanswered
+from yolo_ray.tracking.run_record import (
+    context_tags,
+    dataset_inputs,
+    describe,
+    log_params,
+    mlflow_metrics,
+    run_params,
+    run_tags,
+)
 
 STATE = layout.MLFLOW_STATE
-# Fail fast against a server that is down; the sync loop retries on its own schedule.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 # Creating the run: a server slow under load (a read timeout) is no reason to lose the run before it trains.
 START_ATTEMPTS, START_WAIT_S = 4, 5.0
-
-
-def unanswered(e: BaseException) -> bool:
-    """A request that timed out or found no server (MLflow wraps requests' errors), not the server saying no."""
-    return isinstance(e, OSError) or "failed with timeout exception" in str(e) or "failed with exception" in str(e)
-
-
-def tracking_uri(cfg: ExperimentConfig) -> str:
-    """The experiment's tracking URI (see resolve_uri)."""
-    return resolve_uri(cfg.tracking.uri, cfg.run.storage_path)
-
-
-def resolve_uri(explicit: str | None, storage_path: str = "runs") -> str:
-    """An explicit URI, else MLFLOW_TRACKING_URI, else the embedded sqlite store beside the runs
-    (<storage_path>/mlflow.db: where `yolo-ray train` writes by default, so export/promote find it too)."""
-    if explicit:
-        return explicit
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    storage = Path(storage_path).expanduser().resolve()
-    storage.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{storage / 'mlflow.db'}"
-
-
-def is_local(uri: str) -> bool:
-    return urlparse(uri).scheme in ("", "file", "sqlite")
-
-
-def check_reachable(cfg: ExperimentConfig, uri: str) -> None:
-    """A remote tracking server must answer before any worker (or GPU) is started."""
-    if is_local(uri):
-        return
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as r:
-            if r.status == 200:
-                return
-    except OSError as e:
-        reason = str(e)
-    else:
-        reason = f"HTTP {r.status}"
-    raise ConfigError(
-        cfg.source,
-        "tracking.uri",
-        f"the MLflow tracking server {uri} does not answer ({reason}).",
-        "start it (mlflow server ...), fix tracking.uri / MLFLOW_TRACKING_URI, or set tracking.enabled: false.",
-    )
-
-
-def check(cfg: ExperimentConfig, uri: str) -> None:
-    """Before any worker starts: the server answers, and the registry will take the model's name and alias (MLflow
-    refuses an alias shaped like a version, `v1`, or `latest`: found after training, the model would never get it)."""
-    check_reachable(cfg, uri)
-    if not cfg.tracking.register:
-        return
-    try:
-        from mlflow.utils import validation
-    except ImportError:
-        return
-    for key, value, rules in (
-        ("tracking.alias", cfg.tracking.alias, ("_validate_model_alias_name", "_validate_model_alias_name_reserved")),
-        ("tracking.model_name", cfg.tracking.model_name, ("_validate_model_name",)),
-    ):
-        for rule in (getattr(validation, r, None) for r in rules):
-            if value is None or rule is None:
-                continue
-            try:
-                rule(value)
-            except Exception as e:  # MlflowException: the registry's own rule, as its server applies it
-                raise ConfigError(
-                    cfg.source, key, f"MLflow's registry refuses {value!r}: {e}", "choose another, e.g. candidate."
-                ) from None
-
-
-def check_multinode(cfg: ExperimentConfig, uri: str, nodes: int) -> None:
-    if nodes > 1 and is_local(uri):
-        raise ConfigError(
-            cfg.source,
-            "tracking.uri",
-            f"{uri} is a local store, but this Ray cluster has {nodes} "
-            "nodes: runs logged there are visible on one machine only.",
-            "run an MLflow server every node can reach and set tracking.uri (or "
-            "MLFLOW_TRACKING_URI) to its http:// address.",
-        )
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _versions() -> dict[str, str]:
-    import mlflow
-    import ray
-    import torch
-
-    import yolo_ray
-
-    try:
-        from importlib.metadata import version
-
-        ultralytics_version = version("ultralytics")
-    except Exception:
-        ultralytics_version = "unknown"
-    return {
-        "yolo_ray": yolo_ray.__version__,
-        "ultralytics": ultralytics_version,
-        "torch": torch.__version__,
-        "ray": ray.__version__,
-        "mlflow": mlflow.__version__,
-        "cuda": str(torch.version.cuda),
-    }
-
-
-def log_params(client: Any, run_id: str, params: dict[str, Any]) -> None:
-    from mlflow.entities import Param
-
-    items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items()) if not k.startswith("tracking.tags")]
-    for i in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[i : i + 100])
-
-
-def ensure_experiment(client: Any, cfg: ExperimentConfig, uri: str) -> str:
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
-    if exp is not None:
-        return exp.experiment_id
-    artifacts = None
-    if is_local(uri):  # keep artifacts beside the sqlite store, not in the working directory
-        artifacts = (Path(cfg.run.storage_path).expanduser().resolve() / "mlartifacts").as_uri()
-    return client.create_experiment(cfg.tracking.experiment, artifact_location=artifacts)
-
-
-def run_tags(cfg: ExperimentConfig) -> dict[str, str]:
-    """Versions, git commit and config source: the tags every yolo_ray run carries."""
-    tags = {f"version.{k}": v for k, v in _versions().items()}
-    commit = gitinfo.commit()  # the working directory: the user's project
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
-    tags["config"] = cfg.source
-    tags.update({str(k): str(v) for k, v in cfg.tracking.tags.items()})
-    return tags
-
-
-# Keys that describe how a run was driven, not what it trained: left out of its MLflow params.
-NOT_PARAMS = (
-    "run.fail_at_epoch", "run.fail_rank", "run.fail_at_batch", "run.fail_val_at_epoch", "run.ray_address",
-    "run.verbose", "tracking.tags", "tracking.outage_grace_s",
-)  # fmt: skip
-
-
-def run_params(cfg: ExperimentConfig, sweep_trial: bool) -> dict[str, Any]:
-    """The config as MLflow params: what describes the run (tune.* only in a sweep's trials)."""
-    params = flatten(cfg.to_dict())
-    return {
-        k: v for k, v in params.items() if not k.startswith(NOT_PARAMS) and (sweep_trial or not k.startswith("tune."))
-    }
-
-
-def context_tags(cfg: ExperimentConfig) -> dict[str, str]:
-    """MLflow's own context tags, shown on the run page: who ran it and from what."""
-    import getpass
-    import sys
-
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return {
-        "mlflow.user": user,
-        "mlflow.source.type": "LOCAL",
-        "mlflow.source.name": " ".join(["yolo-ray", *sys.argv[1:2], cfg.source])[:500],
-    }
-
-
-def describe(cfg: ExperimentConfig, workers: int | None) -> str:
-    data = cfg.data.path if cfg.data.path != "synthetic" else f"generated {cfg.data.synthetic.style} ({cfg.data.dir})"
-    who = f"{workers} workers x {cfg.train.batch // workers} images" if workers else f"global batch {cfg.train.batch}"
-    return f"{cfg.model} on {data}, {who}, {cfg.train.epochs} epochs at {cfg.train.imgsz} px."
 
 
 @contextlib.contextmanager
@@ -239,72 +59,6 @@ def _quiet(verbose: bool) -> Iterator[None]:
 
 def _round(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else value
-
-
-# history.jsonl's keys as the MLflow run shows them, grouped as Ultralytics' results.csv groups them (metrics/,
-# train/, val/, lr/) with timings under time/; MLflow sorts keys, so a group reads together in the UI.
-METRIC_NAMES = {
-    **{k: f"metrics/{k}" for k in SCORES},  # every task's: mAP50-95, mask_mAP50-95, pose_mAP50-95, top1, ...
-    "epoch_time_s": "time/epoch_s",  # Ultralytics' epoch_time: training and the end of the epoch
-    "train_time_s": "time/train_s",  # the batch loop
-    "val_s": "time/val_s",
-    "save_s": "time/epoch_end_s",  # Ultralytics' end of epoch: validation, results.csv, the checkpoint snapshot
-    "report_s": "time/report_s",
-    "persist_s": "time/persist_s",
-    "checkpoint_write_s": "time/checkpoint_write_s",
-    "images_per_s": "speed/images_per_s",
-    "gpu_mem_peak_gib": "system/gpu_mem_peak_gib",
-}
-# Not metrics: the step itself, Ultralytics' fitness (its mAP50-95 for detection)
-NOT_METRICS = ("epoch", "fitness", "time")
-# The group's size and its split of the batch: params of a fixed group, metrics of an elastic one (it resizes)
-GROUP = ("world_size", "per_worker_batch", "images_per_step")
-
-
-def mlflow_metrics(row: dict[str, Any], elastic: bool = False) -> dict[str, float]:
-    """One history.jsonl row as MLflow metrics: grouped names, and nothing that only restates the run (a first
-    attempt's resumed_from_epoch -1, a CPU run's GPU memory 0, a fixed group's size)."""
-    out: dict[str, float] = {}
-    for key, value in row.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or key in NOT_METRICS:
-            continue
-        if key in GROUP:
-            if elastic:
-                out[f"system/{key}"] = float(value)
-            continue
-        if (key == "resumed_from_epoch" and value < 0) or (key == "gpu_mem_peak_gib" and not value):
-            continue
-        if key.startswith("val_ms_per_image/"):
-            key = "time/" + key
-        out[METRIC_NAMES.get(key, key)] = float(value)
-    return out
-
-
-def dataset_inputs(dataset: Any) -> list[Any]:
-    """The run's dataset as MLflow dataset inputs, one per split (the run page's Datasets column): name, Ultralytics'
-    hash of the split's files as digest, where it is, and what the checks counted as its profile."""
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-    out = []
-    for split, context in (("train", "training"), ("val", "validation")):
-        s = dataset.splits[split]
-        profile = {
-            "images": len(s.images),
-            "labelled_images": s.labelled,
-            "boxes": s.boxes,
-            "unusable_images": len(s.unusable),
-            "classes": len(dataset.names),
-        }
-        entity = Dataset(
-            name=dataset.name,
-            digest=dataset.digest(split)[:16],
-            source_type="local",
-            source=json.dumps({"data_yaml": str(dataset.source), "split": split}),
-            profile=json.dumps(profile),
-        )
-        out.append(DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
-    return out
 
 
 class Tracker:
