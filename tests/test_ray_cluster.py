@@ -23,7 +23,7 @@ from conftest import (
 )
 
 from yolo_ray import config
-from yolo_ray.driver import sweep
+from yolo_ray.driver import sweep, sweep_space
 from yolo_ray.driver.ray_cluster import auto_cpus_per_worker
 
 EPOCHS = 4
@@ -109,5 +109,5 @@ def test_auto_cpus_per_worker() -> None:
     assert cfg.tune.trial.cpus_per_worker == "auto"
     resolved = sweep.resolve_trial_cpus(config.apply(cfg, {"tune.trial.gpus_per_worker": 0.5}), True, [_node(16, 1)])
     assert resolved.tune.trial.cpus_per_worker == 7  # what every trial reserves and max_concurrent divides by
-    assert sweep.trial_config(resolved, {}, "t0", REPO).scaling.cpus_per_worker == 7
+    assert sweep_space.trial_config(resolved, {}, "t0", REPO).scaling.cpus_per_worker == 7
     assert sweep.resolve_trial_cpus(cfg, False, [_node(2)]).tune.trial.cpus_per_worker == 1

@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 
 from yolo_ray import config
 from yolo_ray.config import ConfigError
-from yolo_ray.driver import sweep
+from yolo_ray.driver import sweep, sweep_space
 
 SWEEP = REPO / "experiments" / "sweep-batch-lr-accumulate.yaml"
 
@@ -145,7 +145,7 @@ def test_a_pose_sweep_is_scheduled_on_its_keypoint_metric(tmp_path: Path, shared
 def test_bad_search_spaces_fail_before_any_trial(tmp_path: Path) -> None:
     def bad(space: str, *extra: str) -> ConfigError:
         with pytest.raises(ConfigError) as err:
-            sweep.check_space(config.load(SWEEP, [f"tune.space={space}", *extra]))
+            sweep_space.check_space(config.load(SWEEP, [f"tune.space={space}", *extra]))
         return err.value
 
     assert bad("{train.lr00: {uniform: [0.1, 0.2]}}").key == "tune.space.train.lr00"
@@ -159,7 +159,7 @@ def test_bad_search_spaces_fail_before_any_trial(tmp_path: Path) -> None:
     for given, key in [("metrics/mAP50-95(M)", "mask_mAP50-95"), ("pose_mAP50", "pose_mAP50"),
                        ("metrics/accuracy_top1", "top1"), ("train/seg_loss", "train/seg_loss")]:  # fmt: skip
         cfg = config.load(SWEEP, ["tune.space={train.lr0: {uniform: [0.01, 0.02]}}", f"tune.metric={given}"])
-        sweep.check_space(cfg)
+        sweep_space.check_space(cfg)
         assert cfg.tune.metric == key
     proc = yolo_ray("tune", str(SWEEP), "tune.space={train.lr0: {loguniform: [0, 0.1]}}", cwd=tmp_path)
     assert proc.returncode == 2 and "tune.space.train.lr0" in proc.stdout and "Traceback" not in proc.stdout
@@ -167,9 +167,9 @@ def test_bad_search_spaces_fail_before_any_trial(tmp_path: Path) -> None:
 
 def test_lr_follows_effective_batch() -> None:
     t = config.load(SWEEP, ["tune.lr_scaling=linear", "tune.reference_batch=16"]).tune
-    assert sweep.scaled_lr(t, 0.01, 32, 2) == pytest.approx(0.04)
+    assert sweep_space.scaled_lr(t, 0.01, 32, 2) == pytest.approx(0.04)
     t = config.load(SWEEP, ["tune.lr_scaling=sqrt", "tune.reference_batch=16"]).tune
-    assert sweep.scaled_lr(t, 0.01, 64, 1) == pytest.approx(0.02)
+    assert sweep_space.scaled_lr(t, 0.01, 64, 1) == pytest.approx(0.02)
 
 
 def test_killed_sweep_resumes_each_trial_once(shapes_small: Path, tmp_path: Path) -> None:
@@ -227,8 +227,8 @@ def test_elastic_trials_are_counted_at_their_least(monkeypatch: pytest.MonkeyPat
     )
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
     assert sweep.max_concurrent(cfg, use_gpu=False) == 4
-    sweep.check_space(cfg)  # 15 is fine for an elastic trial (batch_plan splits it at every size)
+    sweep_space.check_space(cfg)  # 15 is fine for an elastic trial (batch_plan splits it at every size)
     fixed = config.apply(cfg, {"tune.trial.num_workers": 2})
     assert sweep.max_concurrent(fixed, use_gpu=False) == 2
     with pytest.raises(ConfigError, match="does not divide"):
-        sweep.check_space(fixed)
+        sweep_space.check_space(fixed)

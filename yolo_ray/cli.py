@@ -103,7 +103,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
     """Everything `train` and `tune` check before Ray starts: the config, the model, the dataset (every image and
     label), Ultralytics' arguments, the storage, the tracking server and alias, the sweep."""
     from yolo_ray import config, inputs
-    from yolo_ray.driver import sweep
+    from yolo_ray.driver import sweep_space
     from yolo_ray.tracking import mlflow_server
 
     path, overrides = _split(ns.args)
@@ -115,7 +115,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
     if cfg.tracking.enabled:
         mlflow_server.check(cfg, mlflow_server.tracking_uri(cfg))
     if cfg.tune.space:
-        sweep.check_space(cfg)
+        sweep_space.check_space(cfg)
     print(f"{cfg.source}: OK")
     return 0
 
