@@ -26,23 +26,11 @@ from typing import Any, NamedTuple
 from yolo_ray import gitinfo
 from yolo_ray import run_layout as layout
 from yolo_ray.bench import coco_eval
+from yolo_ray.bench.parity_paths import DEFAULT_PATHS, PATHS, SHARED_GPU, VAL_CPUS, VALIDATING
+from yolo_ray.bench.parity_report import combine, file_header, mark_contended, merged_results, print_table, summarize
 from yolo_ray.bench.variant_run import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
-
-PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "valinline", "valasync", "valthread", "stream",
-         "streamcpu")  # fmt: skip
-DEFAULT_PATHS = PATHS[:5]
-# the fast path validating every epoch (the others validate once, at the end): inline, or by its own actor on a
-# quarter of the GPU (train.val_async, worker/async_val.py): what validation costs the training GPU's epoch
-VALIDATING = {
-    "valinline": [],
-    "valasync": ["train.val_async=true", "train.val_runner=actor"],  # a Ray actor
-    "valthread": ["train.val_async=true", "train.val_runner=thread"],  # rank 0's process, a CUDA stream of its own
-}
-SHARED_GPU = ["train.val_gpus=0.25", "scaling.gpus_per_worker=0.75"]  # valasync on a GPU: a quarter of it validates
-VAL_CPUS = 3  # the validation actor's CPUs (its val loader's processes), taken from the training worker's
-PARITY_POINTS = 0.005  # a path is at parity when its mean mAP50-95 >= native's mean - this
 
 
 @dataclass
@@ -318,111 +306,6 @@ def _progress(row: dict[str, Any]) -> str:
     )
 
 
-def mark_contended(results: list[dict[str, Any]]) -> None:
-    """A run whose time overlapped another's has contended clocks: its accuracy counts, its times do not."""
-    for r in results:
-        if "started" in r:
-            r["contended"] = any(
-                o is not r and "started" in o and o["started"] < r["ended"] and r["started"] < o["ended"]
-                for o in results
-            )
-
-
-def _order(path: str) -> int:
-    return PATHS.index(path) if path in PATHS else len(PATHS)
-
-
-def _spread(values: list[float | None]) -> dict[str, float] | None:
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {
-        "mean": round(statistics.mean(values), 5),
-        "std": round(statistics.stdev(values), 5) if len(values) > 1 else 0.0,
-        "min": round(min(values), 5),
-        "max": round(max(values), 5),
-    }
-
-
-def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (path, epochs): mean and spread over seeds of each score, and the difference from native's mean."""
-    rows: list[dict[str, Any]] = []
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in results:
-        if "error" not in r:
-            groups.setdefault((r["path"], r["epochs"]), []).append(r)
-    for (path, epochs), runs in sorted(groups.items(), key=lambda g: (g[0][1], _order(g[0][0]))):
-        runs.sort(key=lambda r: r["seed"])
-        row: dict[str, Any] = {"path": path, "epochs": epochs, "seeds": [r["seed"] for r in runs]}
-        row["by_seed"] = {r["seed"]: r["ultralytics"]["mAP50-95"] for r in runs}
-        row["mAP50-95"] = _spread([r["ultralytics"]["mAP50-95"] for r in runs])
-        row["mAP50"] = _spread([r["ultralytics"]["mAP50"] for r in runs])
-        for key in ("AP", "AP_small", "AP_medium", "AP_large"):
-            row[f"coco_{key}"] = _spread([r["coco"][key] for r in runs])
-        row["scorers_differ_by_max"] = max(r["scorers_differ_by"] for r in runs)
-        alone = [r for r in runs if not r.get("contended")]  # clocks only from runs that had the machine
-        row["timed_seeds"] = [r["seed"] for r in alone]
-        for key in ("train_s", "wall_s", "startup_s", "loop_s", "end_s", "loop_images_per_s"):
-            values = [r[key] for r in alone if r.get(key) is not None]
-            row[key] = round(statistics.mean(values), 2) if values else None
-        rows.append(row)
-    for row in rows:
-        native = next((n for n in rows if n["path"] == "native" and n["epochs"] == row["epochs"]), None)
-        if native and row["path"] != "native":
-            delta = row["mAP50-95"]["mean"] - native["mAP50-95"]["mean"]
-            row["vs_native_mAP50-95"] = round(delta, 5)
-            row["at_parity"] = delta >= -PARITY_POINTS
-            # seed by seed (a seed fixes the initial weights on both sides): the spread of the difference itself
-            paired = [v - native["by_seed"][k] for k, v in row["by_seed"].items() if k in native["by_seed"]]
-            row["vs_native_paired"] = {**(_spread(paired) or {}), "n": len(paired)}
-            if row["train_s"] and native["train_s"]:
-                row["train_speedup"] = round(native["train_s"] / row["train_s"], 2)
-            if row["wall_s"] and native["wall_s"]:
-                row["wall_speedup"] = round(native["wall_s"] / row["wall_s"], 2)
-    return rows
-
-
-def merged_results(p: ParitySettings) -> list[dict[str, Any]]:
-    """The runs of earlier result files (`merge=`), each tagged with its file; a name seen twice keeps the first."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in p.listed("merge"):
-        f, _, only = item.partition(":")
-        try:
-            rows = json.loads(Path(f).read_text())["results"]
-        except (OSError, ValueError, KeyError) as e:
-            raise ConfigError("yolo-ray bench --parity", "merge", f"cannot read results from {f} ({e}).",
-                              "pass result JSONs this benchmark wrote.") from None  # fmt: skip
-        for r in rows:
-            if only and r["path"] not in only.split("+"):
-                continue
-            # a file that did not record contention (older ones) is taken as contended: its clocks are not used
-            out.setdefault(r["name"], {"contended": True, **r, "from": r.get("from", Path(f).name)})
-    return list(out.values())
-
-
-def _header(f: str) -> dict[str, Any]:
-    """Where an earlier file's runs were measured."""
-    d = json.loads(Path(f).read_text())
-    return {"file": Path(f).name, **{k: d.get(k) for k in ("gpu_name", "machine", "commit", "date")}}
-
-
-def combine(earlier: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
-    """(every run, with a fresh run replacing an earlier one of its name; the replaced ones with both scores): a
-    re-run of a deterministic run must reproduce its score to every digit."""
-    names = {r["name"]: r for r in fresh if "error" not in r}
-    kept = [r for r in earlier if r["name"] not in names]
-    again = [
-        {"name": r["name"], "from": r["from"], "earlier": _score(r), "now": _score(names[r["name"]])}
-        for r in earlier
-        if r["name"] in names
-    ]
-    return [*kept, *fresh], again
-
-
-def _score(r: dict[str, Any]) -> float | None:
-    return r["ultralytics"]["mAP50-95"] if "ultralytics" in r else None
-
-
 def run(p: ParitySettings, cpu: bool, out_json: Path) -> dict[str, Any]:
     import torch
 
@@ -439,7 +322,7 @@ def run(p: ParitySettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": os.environ.get("YOLO_RAY_COMMIT") or gitinfo.commit(Path(__file__).parent),
         "settings": asdict(p),
-        "merged_from": [_header(item.partition(":")[0]) for item in p.listed("merge")],
+        "merged_from": [file_header(item.partition(":")[0]) for item in p.listed("merge")],
         "results": [],
     }
     out_json.parent.mkdir(parents=True, exist_ok=True)
@@ -472,67 +355,3 @@ def _data(p: ParitySettings) -> tuple[Path, dict[str, Any]]:
     data_yaml = Path(p.data).resolve() if p.data else ensure(p.data_dir, spec)
     Path(p.out_dir).mkdir(parents=True, exist_ok=True)
     return data_yaml, coco_eval.ground_truth(data_yaml)
-
-
-def _devices(report: dict[str, Any]) -> str:
-    """The devices this table's runs trained on: this call's and the merged files'."""
-    names = {report["gpu_name"], *(h.get("gpu_name") for h in report.get("merged_from", []))}
-    return ", ".join(sorted({n or "CPU" for n in names}))
-
-
-def print_table(report: dict[str, Any]) -> None:
-    s = report["settings"]
-    print(
-        f"\nparity on real-shaped data: {s['model']} @ {s['imgsz']} px, {s['images']} train images, "
-        f"{_devices(report)}; scores mean±sd over seeds; clocks (s) from runs that had the machine alone"
-    )
-    cols = ["path", "epochs", "seeds", "mAP50-95", "vs native", "paired", "mAP50", "coco AP", "AP_small", "AP_medium"]
-    cols += ["AP_large", "train_s", "startup_s", "wall_s", "timed seeds", "scorers differ"]
-    print(" | ".join(c.ljust(13) for c in cols))
-
-    def ms(d: dict[str, float] | None) -> str:
-        return f"{d['mean']:.4f}±{d['std']:.4f}" if d else "-"
-
-    for r in report.get("summary", []):
-        scores = [
-            ms(r[k]) for k in ("mAP50-95", "mAP50", "coco_AP", "coco_AP_small", "coco_AP_medium", "coco_AP_large")
-        ]
-        seeds = ",".join(map(str, r["seeds"]))
-        paired = r.get("vs_native_paired") or {}
-        pair = f"{paired['mean']:+.4f}±{paired['std']:.4f}" if paired.get("n") else "-"
-        cells = [r["path"], str(r["epochs"]), seeds, scores[0], f"{r.get('vs_native_mAP50-95', 0):+.4f}", pair]
-        cells += scores[1:]
-        cells += [str(r[k]) for k in ("train_s", "startup_s", "wall_s")]
-        cells += [",".join(map(str, r.get("timed_seeds", []))) or "-", f"{r['scorers_differ_by_max']:.5f}"]
-        print(" | ".join(c.ljust(13) for c in cells))
-    print_epoch_clocks(report)
-
-
-def print_epoch_clocks(report: dict[str, Any]) -> None:
-    """Per run: the training process's mean epoch, validation's seconds and lag, the best epoch, and the mean epoch
-    over that of the same path validating only at the end (`graphs`, or `device` on CPUs; same epochs and seed):
-    validation's cost."""
-    runs = [r for r in report.get("results", []) if r.get("epoch_s") is not None and "error" not in r]
-    if not any(r["path"] in VALIDATING for r in runs):
-        return
-    base = {
-        (r["epochs"], r["seed"]): r["epoch_s"]
-        for r in runs
-        if r["path"] in ("graphs", "device") and not r.get("contended")  # graphs on a GPU, device on CPUs
-    }
-    print("\nepoch clocks (s; epochs 2..n-1; alone on the machine unless marked): validation's cost per epoch")
-    cols = ["run", "epoch_s", "vs no val", "val_s", "val lag max", "best epoch", "mAP50-95", "wall_s"]
-    print(" | ".join(c.ljust(13) for c in cols))
-    for r in sorted(runs, key=lambda r: (r["epochs"], r["seed"], _order(r["path"]))):
-        ref = base.get((r["epochs"], r["seed"]))
-        share = f"{r['epoch_s'] / ref - 1:+.1%}" if ref and not r.get("contended") else "-"
-        cells = [r["name"] + (" (contended)" if r.get("contended") else ""), f"{r['epoch_s']:.3f}", share]
-        cells += [str(r.get("val_s")), str(r.get("val_lag_max")), str(r.get("best_epoch"))]
-        cells += [f"{r['ultralytics']['mAP50-95']:.5f}", str(r.get("wall_s"))]
-        print(" | ".join(c.ljust(13) for c in cells))
-    for r in report.get("reproduced", []):
-        same = "the same" if r["earlier"] == r["now"] else "NOT the same"
-        print(f"re-run {r['name']}: mAP50-95 {r['now']} now, {r['earlier']} in {r['from']}: {same}")
-    for r in report["results"]:
-        if "error" in r:
-            print(f"ERROR {r['name']}: {r['error'][-400:]}")
