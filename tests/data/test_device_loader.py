@@ -187,7 +187,7 @@ def test_hsv_matches_ultralytics_for_the_same_gains(scenes_dir: Path) -> None:
     import cv2
     from ultralytics.data.augment import RandomHSV
 
-    from yolo_ray.data.device_loader import _hsv
+    from yolo_ray.data.device_augment import _hsv
 
     hsv, scale = RandomHSV(hgain=0.015, sgain=0.7, vgain=0.4), np.array([0.015, 0.7, 0.4])
     files = sorted((scenes_dir / "train" / "images").iterdir())[:30]

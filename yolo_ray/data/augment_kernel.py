@@ -1,7 +1,7 @@
 """The device loader's pixel work as one fused Triton kernel: mosaic tile lookup -> inverse affine -> bilinear sample
 -> HSV -> uint8, one pass per output pixel.
 
-The same work in plain torch ops (device_loader._warp and _hsv, the reference) walks the whole batch about forty times
+The same work in plain torch ops (device_augment._warp and _hsv, the reference) walks the whole batch about forty times
 in float32 (four grid_samples over every tile, masks, HSV temporaries): on an H200 that took 20 ms of a 53 ms
 YOLO11n step at 64 images and 73 ms of 113 ms at 256. Here each output pixel reads its four neighbours from the
 uint8 cache and writes three bytes. Numerics follow the reference (grid_sample bilinear, align_corners=False, border
@@ -94,7 +94,7 @@ def _warp_hsv(
     g = tl.where(inside, g, pad)
     bl = tl.where(inside, bl, pad)
 
-    if HSV:  # device_loader._hsv's formulas, per pixel
+    if HSV:  # device_augment._hsv's formulas, per pixel
         r = r / 255
         g = g / 255
         bl = bl / 255
