@@ -196,7 +196,7 @@ def test_unusable_is_what_ultralytics_drops(base: Path, tmp_path: Path) -> None:
     """The read-only checks give Ultralytics' own verdict (verify_image_label) on every image of a messy split."""
     from ultralytics.data.utils import img2label_paths, verify_image_label
 
-    from yolo_ray.data import checks
+    from yolo_ray.data import checks, label_checks
 
     def more_mess(root: Path) -> None:
         _mess(root)
@@ -205,8 +205,8 @@ def test_unusable_is_what_ultralytics_drops(base: Path, tmp_path: Path) -> None:
         first_label(root, i=7).write_text("0 x 0.5 0.1 0.1\n")
 
     data = variant(base, tmp_path, more_mess)
-    split = checks.Split(checks.split_images(data, "train"))
-    checks._scan(split, checks.LabelRule(3, "detect", "test", "data.path"))
+    split = label_checks.Split(checks.split_images(data, "train"))
+    label_checks.scan(split, label_checks.LabelRule(3, "detect", "test", "data.path"))
     ours = sorted(Path(f).name for f, _ in split.unusable)
     labels = img2label_paths(split.images)
     theirs = sorted(
