@@ -38,7 +38,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def newest_checkpoint(dirs: list[Path]) -> tuple[int, Path] | None:
     """(epoch, directory) of the newest complete epoch checkpoint among `dirs`: its meta.json (written last, by
-    worker.EpochReporter) names the epoch and last.pt's size; one partly written or partly copied is passed over."""
+    worker/epoch_reporter.py) names the epoch and last.pt's size; one partly written or partly copied is passed over."""
     best: tuple[int, Path] | None = None
     for d in dirs:
         try:
