@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import yaml
 
-from yolo_ray.data.stream_loader import decode_cpu, read_rows, resize_cpu
+from yolo_ray.data.stream_pipeline import decode_cpu, read_rows, resize_cpu
 from yolo_ray.data.stream_source import Filesystem, label_path
 
 

@@ -20,7 +20,7 @@ import torch
 from conftest import ENV, free_port, ultralytics_train_dataset, yolo_ray
 
 from yolo_ray.config import ConfigError, load
-from yolo_ray.data import checks, device_loader, stream_loader
+from yolo_ray.data import checks, device_loader, stream_loader, stream_pipeline
 from yolo_ray.data.synth import SynthSpec, generate
 from yolo_ray.summary import read_jsonl
 
@@ -195,7 +195,7 @@ def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
         want = want[..., ::-1]
         data = Path(dataset.im_files[i]).read_bytes()
         kinds[Path(dataset.im_files[i]).suffix] += 1
-        cpu = stream_loader.resize_cpu(stream_loader.decode_cpu(data, dataset.im_files[i]), 160)
+        cpu = stream_pipeline.resize_cpu(stream_pipeline.decode_cpu(data, dataset.im_files[i]), 160)
         assert cpu.shape == want.shape and np.array_equal(cpu, want)
         dev = decoder(np.array([data], dtype=object), np.array([dataset.im_files[i]]))[0].numpy()
         assert dev.shape == want.shape

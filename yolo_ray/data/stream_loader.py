@@ -1,5 +1,6 @@
 """data.loader=stream: training images read through Ray Data, decoded on its CPUs (or on the GPU), augmented on the
-GPU by the device loader's batched augmentation (device_loader.augment_batch). Nothing grows with the dataset:
+GPU by the device loader's batched augmentation (device_augment.augment_batch). Nothing grows with the dataset
+(this module is the rank's side; stream_pipeline.py the Ray Data side):
 
     Ray Data (any node's CPUs): shuffled rows -> read image bytes + label text (-> decode + resize with OpenCV:
     data.stream_decode cpu, the default) -> equal split, one shard per Train worker -> this rank, on a thread of its
@@ -24,7 +25,6 @@ import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -42,130 +42,15 @@ from yolo_ray.data.device_loader import (
     decode_threads,
     label_tensors,
 )
-from yolo_ray.data.stream_source import Filesystem
-from yolo_ray.summary import newest_checkpoint
+from yolo_ray.data.stream_pipeline import decode_cpu, resized_hw
 
-FETCH_THREADS = 16  # concurrent reads per Ray Data task: object storage is latency-bound
 PREFETCH_BATCHES = 4  # batches Ray Data keeps ready for each rank
-MAX_BLOCKS = 200  # the shuffled rows' blocks (read tasks an epoch) at most
 
 
 def ring_size(images_per_rank: int, batch: int, rows: int = 0) -> int:
     """Ultralytics' mosaic buffer, min(images, 8 x batch, 1000), in whole batches (rows: data.stream_buffer)."""
     n = rows or min(images_per_rank, 8 * batch, 1000)
     return max(1, math.ceil(n / batch)) * batch
-
-
-# --------------------------------------------------------------------------------------------- Ray Data side
-
-
-def read_rows(batch: dict[str, np.ndarray], fs: Filesystem, imgsz: int, decode: bool) -> dict[str, np.ndarray]:
-    """map_batches: each row's image bytes and label text, read in threads; with decode, the image decoded and
-    resized here as Ultralytics' load_image does it (cv2, long side = imgsz, INTER_LINEAR), in an imgsz^2 slot."""
-
-    def read(i: int) -> tuple[bytes, str]:
-        label = batch["label"][i]
-        return fs.read(batch["image"][i]), (fs.read(label).decode("utf-8", "replace") if label else "")
-
-    with ThreadPoolExecutor(min(FETCH_THREADS, len(batch["id"]))) as pool:
-        got = list(pool.map(read, range(len(batch["id"]))))
-    out = {"id": batch["id"], "file": batch["image"], "label_text": np.array([t for _, t in got], dtype=object)}
-    if not decode:
-        out["data"] = np.array([d for d, _ in got] + [b""], dtype=object)[:-1]  # 1-D of bytes, whatever their sizes
-        return out
-    import cv2
-
-    cv2.setNumThreads(1)  # this task holds one CPU; OpenCV's own threads would oversubscribe the node (as Ultralytics')
-    pixels = np.full((len(got), imgsz, imgsz, 3), int(PAD), dtype=np.uint8)
-    hw = np.zeros((len(got), 2), dtype=np.int32)
-    for i, (data, _) in enumerate(got):
-        im = decode_cpu(data, batch["image"][i])
-        im = resize_cpu(im, imgsz)
-        pixels[i, : im.shape[0], : im.shape[1]] = im
-        hw[i] = im.shape[:2]
-    out.update(pixels=pixels, hw=hw)
-    return out
-
-
-def decode_cpu(data: bytes, name: str) -> np.ndarray:
-    """RGB uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour) then its BGR -> RGB."""
-    import cv2
-
-    im = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if im is None:
-        raise ValueError(f"data.loader=stream: {name} is not an image OpenCV can decode")
-    return np.ascontiguousarray(im[..., ::-1])
-
-
-def resized_hw(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
-    """load_image's rect size: long side imgsz, ceil, never above imgsz."""
-    r = imgsz / max(h0, w0)
-    return (h0, w0) if r == 1 else (min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz))
-
-
-def resize_cpu(im: np.ndarray, imgsz: int) -> np.ndarray:
-    import cv2
-
-    h, w = resized_hw(*im.shape[:2], imgsz)
-    return im if (h, w) == im.shape[:2] else cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
-
-
-def pipeline(
-    rows: list[dict[str, Any]],
-    fs: Filesystem,
-    imgsz: int,
-    decode_on_cpu: bool,
-    seed: int,
-    batch: int,
-    verbose: bool = False,
-) -> Any:
-    """The Ray Dataset the launcher hands TorchTrainer: rows shuffled anew each execution (epoch), then read, a
-    worker's batch (`batch` rows) a task, so a rank's batches arrive without being cut and joined again."""
-    import ray.data
-    from ray.data import DataContext, RandomSeedConfig
-
-    ctx = DataContext.get_current()  # travels with the dataset to Ray Train's split coordinator
-    ctx.enable_progress_bars = ctx.print_on_execution_start = verbose  # else a bar and a banner every epoch
-    # one budget for all operators instead of a reserved share each: the share left the read tasks at 7 of 15 CPUs
-    # on one H200 host (feed 810 images/s, 1060 without; benchmarks/stream_feed_probe.py). Still bounded: Ray
-    # Data's object store limit holds for the whole pipeline
-    ctx.op_resource_reservation_enabled = False
-    # a read task per block: blocks of a batch or so keep every CPU decoding on a small set (256-row blocks left 5
-    # of 16 CPUs idle on 3000 images); the cap bounds the shuffle's all-to-all on a large one
-    ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // batch, MAX_BLOCKS)))
-    ds = ds.random_shuffle(seed=RandomSeedConfig(seed=seed, reseed_after_execution=True))
-    return ds.map_batches(
-        read_rows,
-        fn_kwargs={"fs": fs, "imgsz": imgsz, "decode": decode_on_cpu},
-        batch_size=batch,
-        num_cpus=1 if decode_on_cpu else 0.5,
-        batch_format="numpy",
-    )
-
-
-@dataclass(frozen=True)
-class AttemptPipeline:
-    """The train Dataset as Ray Train's controller asks for it at each worker-group start (TorchTrainer takes a
-    callable). Ray Data counts executions afresh for each group, so a restarted group seeded as the first would
-    replay epoch 0's order in the epoch it resumes at: the seed takes in the epoch of the newest checkpoint in the
-    run directory, the one the workers resume from (worker.resume_point)."""
-
-    rows: list[dict[str, Any]]
-    fs: Filesystem
-    imgsz: int
-    decode_on_cpu: bool
-    seed: int
-    batch: int
-    run_dir: str
-    verbose: bool = False
-
-    def start_epoch(self) -> int:
-        newest = newest_checkpoint(layout.checkpoints(Path(self.run_dir)))
-        return newest[0] if newest else 0
-
-    def __call__(self) -> Any:
-        seed = (self.seed * 1_000_003 + self.start_epoch()) % 2**32
-        return pipeline(self.rows, self.fs, self.imgsz, self.decode_on_cpu, seed, self.batch, self.verbose)
 
 
 # --------------------------------------------------------------------------------------------- this rank's side

@@ -150,13 +150,13 @@ def plan_workers(
 
 def _stream_datasets(cfg: ExperimentConfig, plan: WorkerPlan, dataset: Any, workers: int) -> dict | None:
     """data.loader=stream: the Ray Dataset of the train split's files, split across the workers by Ray Train; built
-    by Ray Train's controller at each worker-group start (stream_loader.AttemptPipeline), a worker's batch a task."""
+    by Ray Train's controller at each worker-group start (stream_pipeline.AttemptPipeline), a worker's batch a task."""
     if dataset.stream is None:
         return None
-    from yolo_ray.data import stream_loader
+    from yolo_ray.data import stream_pipeline
 
     on_cpu = cfg.data.stream_decode != "device"  # auto: OpenCV in Ray Data tasks, measured faster on one H200 host
-    data = stream_loader.AttemptPipeline(
+    data = stream_pipeline.AttemptPipeline(
         dataset.stream.rows(multiple=workers), dataset.stream.fs, cfg.train.imgsz, on_cpu, cfg.train.seed,
         plan.batch.per_worker(workers), plan.run_dir, cfg.run.verbose,
     )  # fmt: skip
