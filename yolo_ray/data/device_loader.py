@@ -249,6 +249,16 @@ class DeviceLoader:
             else ShardSampler(cache.ids, seed)
         )
 
+    @classmethod
+    def build(
+        cls, dataset: Any, args: Any, device: torch.device, batch_size: int, rank: int, world_size: int, sharded: bool
+    ) -> DeviceLoader:
+        """This rank's loader as the worker's plan asks for it: Ultralytics' train dataset decoded into a replicated
+        cache (every image) or a sharded one (this rank's), augmented with the train args' hyperparameters."""
+        ids = shard_ids(len(dataset), rank, world_size, args.seed) if sharded else None
+        cache = DeviceCache.build(dataset, args.imgsz, device, decode_threads(), ids=ids)
+        return cls(dataset, cache, batch_size, rank, world_size, AugmentHyp.from_args(args), args.seed)
+
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
 

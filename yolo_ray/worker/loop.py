@@ -250,8 +250,8 @@ def write_rank_record(trainer: Any, run_dir: Path, ctx: Any, device: torch.devic
         "per_worker_batch": trainer.batch_size // max(trainer.world_size, 1),
         "accumulate": trainer.accumulate,
         "shard_indices_epoch0": trainer.shard_indices,
-        "cached_images": len(trainer.train_loader.cache) if hasattr(trainer.train_loader, "cache") else None,
-        "ring_images": trainer.train_loader.ring.size if hasattr(trainer.train_loader, "ring") else None,
+        "cached_images": len(trainer.train_loader.cache) if trainer.loader == "device" else None,
+        "ring_images": trainer.train_loader.ring.size if trainer.loader == "stream" else None,
         "loader_epochs": getattr(trainer.train_loader, "epochs_served", None),  # device loader: epoch of each pass
     }
     out = layout.ranks(run_dir)

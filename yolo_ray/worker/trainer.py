@@ -123,13 +123,8 @@ class RayTrainer(BaseTrainer):
         with torch_distributed_zero_first(rank), override_configs(self.args, overrides={"cache": False}):
             dataset = self.build_dataset(dataset_path, "train", batch_size)
         grank, world = (dist.get_rank() if dist.is_initialized() else 0), max(self.world_size, 1)
-        ids = None  # replicated: every image
-        if self._sharded_cache(len(dataset)):
-            ids = device_loader.shard_ids(len(dataset), grank, world, self.args.seed)
-        threads = device_loader.decode_threads()
-        cache = device_loader.DeviceCache.build(dataset, self.args.imgsz, self.device, threads, ids=ids)
-        hyp = device_loader.AugmentHyp.from_args(self.args)
-        return device_loader.DeviceLoader(dataset, cache, batch_size, grank, world, hyp, self.args.seed)
+        sharded = self._sharded_cache(len(dataset))
+        return device_loader.DeviceLoader.build(dataset, self.args, self.device, batch_size, grank, world, sharded)
 
     def _stream_loader(self, batch_size: int) -> Any:
         """This rank's shard of the Ray Dataset the launcher handed TorchTrainer (data.loader=stream)."""
@@ -173,7 +168,7 @@ class RayTrainer(BaseTrainer):
         return sharded
 
     def _close_dataloader_mosaic(self) -> None:
-        if hasattr(self.train_loader, "close_mosaic"):
+        if self.loader in ("device", "stream"):  # yolo_ray's loaders, which augment on the device
             self.train_loader.close_mosaic()
         else:
             super()._close_dataloader_mosaic()
