@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from yolo_ray import user_callbacks
-from yolo_ray.config_schema import ConfigError, ExperimentConfig, TrainConfig
+from yolo_ray.config_schema import ConfigError, ExperimentConfig, TrainSection
 
 # --------------------------------------------------------------------------------------------------- checks
 
@@ -32,7 +32,7 @@ def ultralytics_train_keys() -> frozenset[str]:
 
 MAX_IMGSZ = 8192  # one uint8 image at 8192 px is 200 MB: beyond that a typo, not a dataset
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)} - {"extra", "callbacks"}
+TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainSection)} - {"extra", "callbacks"}
 
 # Keys yolo_ray sets itself: passing them through train.extra would fight the launcher.
 MANAGED_KEYS = {

@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class SyntheticData:
+class SyntheticSection:
     """The generated dataset (used when data.path is `synthetic`): `shapes` (square, few large objects: quick, for
     mechanics) or `real` (scenes shaped like real data: sizes, crowds, small objects, occlusion, clutter)."""
 
@@ -34,10 +34,10 @@ class SyntheticData:
 
 
 @dataclass
-class DataConfig:
+class DataSection:
     path: str = "synthetic"  # a data.yaml, or `synthetic` to generate one into `dir`
     dir: str = "datasets/shapes"
-    synthetic: SyntheticData = field(default_factory=SyntheticData)
+    synthetic: SyntheticSection = field(default_factory=SyntheticSection)
     # ultralytics: its DataLoader (CPU decode + augmentation in loader processes);
     # device: images decoded once into device memory, whole batches augmented there (yolo_ray/data/device_loader.py)
     # stream: images read through Ray Data (a local split or `train: s3://...`), decoded on its CPUs or the GPU,
@@ -57,7 +57,7 @@ class DataConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainSection:
     epochs: int = 30
     imgsz: int = 128
     batch: int = 16  # GLOBAL batch: each Ray worker takes batch / num_workers images per step
@@ -134,7 +134,7 @@ class TrackingSection:
 
 
 @dataclass
-class TrialScaling:
+class TrialSection:
     num_workers: int | list = 1  # [min, max]: elastic trials (the sweep's concurrency counts min)
     # auto: as scaling.cpus_per_worker, within the trial's GPU fraction of its node (0.25 GPU: a quarter of its CPUs)
     cpus_per_worker: float | Literal["auto"] = "auto"
@@ -154,7 +154,7 @@ class TuneSection:
     time_budget_s: float | None = None
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # lr0 follows batch * accumulate vs reference_batch
     reference_batch: int = 64
-    trial: TrialScaling = field(default_factory=TrialScaling)
+    trial: TrialSection = field(default_factory=TrialSection)
     space: dict = field(default_factory=dict)  # {"train.lr0": {"loguniform": [1e-4, 1e-1]}, ...}
     resume: bool = False
     seed: int = 0
@@ -165,8 +165,8 @@ class ExperimentConfig:
     model: str = "yolo11n.yaml"  # a YOLO11 yaml (built from scratch) or a local .pt
     # detect, segment, pose, obb or classify; auto: the model's own (yolo11n-seg.yaml is segment), as Ultralytics does
     task: Literal["auto", "detect", "segment", "pose", "obb", "classify"] = "auto"
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
     scaling: ScalingSection = field(default_factory=ScalingSection)
     run: RunSection = field(default_factory=RunSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
