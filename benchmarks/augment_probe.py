@@ -50,7 +50,8 @@ def stats(labels: list[torch.Tensor], img: torch.Tensor) -> dict[str, float]:
 
 
 def main() -> None:
-    from yolo_ray.data.device_loader import AugmentHyp, DeviceCache, augment_batch
+    from yolo_ray.data.device_augment import AugmentHyp, augment_batch
+    from yolo_ray.data.device_cache import DeviceCache
 
     data_yaml, imgsz = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 640
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 512

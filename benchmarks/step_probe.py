@@ -25,7 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compr
 
 
 def make_cache(n: int, s: int, dev: torch.device):
-    from yolo_ray.data.device_loader import DeviceCache, Labels
+    from yolo_ray.data.device_cache import DeviceCache, Labels
 
     g = torch.Generator(device="cpu").manual_seed(0)
     images = torch.randint(0, 255, (n, s, s, 3), dtype=torch.uint8, generator=g).to(dev)
@@ -90,7 +90,7 @@ def probe(
     from ultralytics.utils import DEFAULT_CFG
     from ultralytics.utils.torch_utils import ModelEMA
 
-    from yolo_ray.data.device_loader import AugmentHyp, augment_batch
+    from yolo_ray.data.device_augment import AugmentHyp, augment_batch
     from yolo_ray.worker.cuda_graphs import GraphedModel
 
     hyp, cuda = AugmentHyp(), dev.type == "cuda"

@@ -20,7 +20,7 @@ import torch
 from conftest import ENV, free_port, ultralytics_train_dataset, yolo_ray
 
 from yolo_ray.config import ConfigError, load
-from yolo_ray.data import checks, device_loader, stream_loader, stream_pipeline
+from yolo_ray.data import checks, device_augment, device_cache, stream_loader, stream_pipeline
 from yolo_ray.data.synth import SynthSpec, generate
 from yolo_ray.summary import read_jsonl
 
@@ -232,10 +232,10 @@ def test_ring_mosaic_keeps_the_device_loaders_statistics(scenes: Path) -> None:
     keep the statistics of the device loader on the same scenes (600 samples each: boxes per image, empty images,
     box sizes at the 10th, 50th and 90th percentile)."""
     _, dataset = ultralytics_train_dataset(scenes, 160)
-    cache = device_loader.DeviceCache.build(dataset, 160, torch.device("cpu"), threads=2)
-    hyp = device_loader.AugmentHyp()
+    cache = device_cache.DeviceCache.build(dataset, 160, torch.device("cpu"), threads=2)
+    hyp = device_augment.AugmentHyp()
     g = torch.Generator().manual_seed(0)
-    full = [device_loader.augment_batch(cache, torch.randint(0, len(cache), (20,), generator=g), hyp, g)
+    full = [device_augment.augment_batch(cache, torch.randint(0, len(cache), (20,), generator=g), hyp, g)
             for _ in range(30)]  # fmt: skip
     ring = stream_loader.RingCache(stream_loader.ring_size(len(cache), 8), 160, torch.device("cpu"), max_boxes=4)
     streamed, order = [], torch.randperm(len(cache), generator=g).tolist() * 4
@@ -245,8 +245,8 @@ def test_ring_mosaic_keeps_the_device_loaders_statistics(scenes: Path) -> None:
         labels = [_yolo_rows(cache, r) for r in rows]
         hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)
         rows_labels = [{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in labels]
-        slots = ring.add(stream_loader.Prepared(rows, [], images, hw, device_loader.label_tensors(rows_labels, hw)))
-        streamed.append(device_loader.augment_batch(ring.view(), slots, hyp, g))
+        slots = ring.add(stream_loader.Prepared(rows, [], images, hw, device_cache.label_tensors(rows_labels, hw)))
+        streamed.append(device_augment.augment_batch(ring.view(), slots, hyp, g))
     a, b = _stats(full), _stats(streamed)
     assert ring.labels.boxes.shape[1] >= max(len(x) for x in labels)  # grew past 4 boxes
     assert abs(a["boxes_per_image"] - b["boxes_per_image"]) < 0.1 * a["boxes_per_image"], (a, b)
@@ -259,18 +259,18 @@ def test_a_padded_batch_fills_the_ring_as_its_images_do(scenes: Path) -> None:
     """Ray Data's decoded batch (one [B, imgsz, imgsz, 3] array) goes into the ring in one copy: the ring then holds
     the same pixels, sizes and boxes as when each image is copied into its slot, across a wrap of the ring."""
     _, dataset = ultralytics_train_dataset(scenes, 160)
-    cache = device_loader.DeviceCache.build(dataset, 160, torch.device("cpu"), threads=2)
+    cache = device_cache.DeviceCache.build(dataset, 160, torch.device("cpu"), threads=2)
     rings = [stream_loader.RingCache(16, 160, torch.device("cpu"), max_boxes=4) for _ in range(2)]
     for start in range(0, 24, 8):  # three batches of 8 into 16 slots
         rows = list(range(start, start + 8))
         hw = cache.hw[rows]
         images = [cache.images[r, : int(cache.hw[r, 0]), : int(cache.hw[r, 1])] for r in rows]
-        padded = torch.full((8, 160, 160, 3), int(device_loader.PAD), dtype=torch.uint8)
+        padded = torch.full((8, 160, 160, 3), int(device_cache.PAD), dtype=torch.uint8)
         for i, im in enumerate(images):
             padded[i, : im.shape[0], : im.shape[1]] = im
         labels = [{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in (_yolo_rows(cache, r) for r in rows)]
         for ring, whole in zip(rings, (None, padded), strict=True):
-            ring.add(stream_loader.Prepared(rows, [], images, hw, device_loader.label_tensors(labels, hw), whole))
+            ring.add(stream_loader.Prepared(rows, [], images, hw, device_cache.label_tensors(labels, hw), whole))
     by_image, by_batch = rings[0].view(), rings[1].view()
     for h, w, a, b in zip(*by_image.hw.int().T, by_image.images, by_batch.images, strict=True):
         assert torch.equal(a[:h, :w], b[:h, :w])
@@ -314,7 +314,7 @@ def _label_text(rng: np.random.Generator) -> str:
     return "\n".join(list(rows)[: rng.integers(0, 12)])
 
 
-def _yolo_rows(cache: device_loader.DeviceCache, r: int) -> np.ndarray:
+def _yolo_rows(cache: device_cache.DeviceCache, r: int) -> np.ndarray:
     """A cached image's boxes back as label-file rows (class, normalised xywh)."""
     h, w = cache.hw[r].tolist()
     b = cache.boxes[r][cache.valid[r]]

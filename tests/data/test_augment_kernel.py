@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import ultralytics_train_dataset
 
-from yolo_ray.data.device_loader import AugmentHyp, DeviceCache, augment_batch
+from yolo_ray.data.device_augment import AugmentHyp, augment_batch
+from yolo_ray.data.device_cache import DeviceCache
 from yolo_ray.data.synth import SynthSpec, generate
 
 IMGSZ = 96

@@ -10,7 +10,9 @@ import pytest
 import torch
 from conftest import ultralytics_train_dataset
 
-from yolo_ray.data.device_loader import AugmentHyp, DeviceCache, DeviceLoader, augment_batch, shard_ids
+from yolo_ray.data.device_augment import AugmentHyp, augment_batch
+from yolo_ray.data.device_cache import DeviceCache, shard_ids
+from yolo_ray.data.device_loader import DeviceLoader
 from yolo_ray.data.synth import SynthSpec, generate
 
 IMGSZ = 128
@@ -230,7 +232,7 @@ def test_a_cache_that_cannot_fit_fails_before_allocating() -> None:
     before the tensor is allocated."""
     import psutil
 
-    from yolo_ray.data.device_loader import _check_fits
+    from yolo_ray.data.device_cache import _check_fits
 
     too_many = int(psutil.virtual_memory().available / (640 * 640 * 3)) + 1
     with pytest.raises(RuntimeError) as err:

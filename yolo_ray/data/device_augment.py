@@ -11,15 +11,33 @@ removal, box_candidates), keypoints through the same affine and the dataset's fl
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from yolo_ray.data.device_loader import AugmentHyp, DeviceCache
+from yolo_ray.data.device_cache import PAD, DeviceCache
 
-PAD = 114.0  # Ultralytics' border grey
+
+@dataclass
+class AugmentHyp:
+    """The augmentation hyperparameters of an Ultralytics train config that this loader reproduces."""
+
+    mosaic: float = 1.0
+    degrees: float = 0.0
+    translate: float = 0.1
+    scale: float = 0.5
+    shear: float = 0.0
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+    fliplr: float = 0.5
+    flipud: float = 0.0
+
+    @classmethod
+    def from_args(cls, args: Any) -> AugmentHyp:
+        return cls(**{k: float(getattr(args, k)) for k in cls.__dataclass_fields__})
 
 
 def augment_batch(

@@ -33,15 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from yolo_ray import run_layout as layout
-from yolo_ray.data.device_loader import (
-    PAD,
-    AugmentHyp,
-    DeviceCache,
-    Labels,
-    augment_batch,
-    decode_threads,
-    label_tensors,
-)
+from yolo_ray.data.device_augment import AugmentHyp, augment_batch
+from yolo_ray.data.device_cache import PAD, DeviceCache, Labels, label_tensors
+from yolo_ray.data.device_loader import decode_threads
 from yolo_ray.data.stream_pipeline import decode_cpu, resized_hw
 
 PREFETCH_BATCHES = 4  # batches Ray Data keeps ready for each rank

@@ -130,7 +130,7 @@ class RayTrainer(BaseTrainer):
         """This rank's shard of the Ray Dataset the launcher handed TorchTrainer (data.loader=stream)."""
         import ray.train
 
-        from yolo_ray.data import device_loader, stream_loader
+        from yolo_ray.data import device_augment, stream_loader
 
         return stream_loader.StreamLoader(
             ray.train.get_dataset_shard("train"),
@@ -139,7 +139,7 @@ class RayTrainer(BaseTrainer):
             batch_size=batch_size,
             rank=dist.get_rank() if dist.is_initialized() else 0,
             world_size=max(self.world_size, 1),
-            hyp=device_loader.AugmentHyp.from_args(self.args),
+            hyp=device_augment.AugmentHyp.from_args(self.args),
             seed=self.args.seed,
             device=self.device,
             imgsz=self.args.imgsz,
@@ -155,11 +155,11 @@ class RayTrainer(BaseTrainer):
     def _sharded_cache(self, images: int) -> bool:
         """data.device_cache: `auto` shards only when a full copy does not fit on every rank; all ranks agree (a
         mixed group would sample overlapping images)."""
-        from yolo_ray.data import device_loader
+        from yolo_ray.data.device_cache import fits as fits_on_device
 
         if self.device_cache != "auto" or self.world_size <= 1:
             return self.device_cache == "sharded"
-        fits = torch.tensor([int(device_loader.fits(images, self.args.imgsz, self.device))], device=self.device)
+        fits = torch.tensor([int(fits_on_device(images, self.args.imgsz, self.device))], device=self.device)
         if dist.is_initialized():
             dist.all_reduce(fits, op=dist.ReduceOp.MIN)
         sharded = not bool(fits.item())
