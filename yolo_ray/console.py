@@ -28,6 +28,13 @@ RAY_NOISE = (
     "Registered dataset logger for dataset",
     "Starting execution of Dataset",
 )
+# Tracebacks Ray logs for what it calls safe to ignore, by their first line: the line, the traceback below it and its
+# closing `ray.exceptions...` line are dropped (verbose keeps them).
+RAY_NOISE_TRACEBACKS = (
+    # Ray Train 2.60's controller sends its autoscaling coordinator a resource request every few seconds, for a
+    # fixed-size group too; on a loaded host the request times out and it logs the traceback ("safe to ignore")
+    "Failed to send resource request for train-",
+)
 
 
 def say(message: str) -> None:
@@ -59,10 +66,28 @@ def filter_forwarded_logs(verbose: bool) -> None:
 def _forward(data: dict[str, Any], printer: Any, verbose: bool) -> None:
     lines = data.get("lines", [])
     if not verbose:
-        lines = [line for line in lines if not any(noise in line for noise in RAY_NOISE)]
+        lines = without_noise(lines)
     if not lines:
         return
     from tqdm import tqdm
 
     with tqdm.external_write_mode(file=sys.stdout):  # a bar on the terminal is cleared, then redrawn below
         printer({**data, "lines": lines})
+
+
+def without_noise(lines: list[str]) -> list[str]:
+    """Forwarded lines less RAY_NOISE's, and less each RAY_NOISE_TRACEBACKS block (its line, the traceback's lines,
+    which start with `Traceback` or a space, and the `ray.exceptions.` line that ends it)."""
+    out, in_block = [], False
+    for line in lines:
+        if in_block:
+            if line.startswith(("Traceback", " ")):
+                continue
+            in_block = False
+            if line.startswith("ray.exceptions."):
+                continue
+        if any(noise in line for noise in RAY_NOISE_TRACEBACKS):
+            in_block = True
+        elif not any(noise in line for noise in RAY_NOISE):
+            out.append(line)
+    return out

@@ -1,0 +1,38 @@
+"""What the driver prints of its workers' forwarded output: Ray's known noise goes, everything else stays."""
+
+from __future__ import annotations
+
+from yolo_ray.console import without_noise
+
+# As Ray Train 2.60's controller logs a resource request that timed out on a loaded host (shortened)
+TIMED_OUT = [
+    "Failed to send resource request for train-3fcc5d17. If this only happens transiently during network partition or"
+    " CPU being overloaded, it's safe to ignore this error.",
+    "Traceback (most recent call last):",
+    '  File ".../autoscaling_coordinator_client.py", line 58, in send_resource_request',
+    "    ray.get(",
+    "           ^^^^^^^^^^^^^^^^^^^",
+    '  File "python/ray/includes/common.pxi", line 107, in ray._raylet.check_status',
+    "ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready.",
+]
+OTHER_FAILURE = [
+    "Traceback (most recent call last):",
+    '  File "worker.py", line 3, in train',
+    "RuntimeError: CUDA out of memory",
+]
+
+
+def test_a_traceback_ray_calls_safe_to_ignore_goes_and_every_other_line_stays() -> None:
+    lines = ["[yolo_ray] epoch 1/2 mAP50-95=0.1", *TIMED_OUT, "[yolo_ray] epoch 2/2 mAP50-95=0.2", *OTHER_FAILURE]
+    assert without_noise(lines) == ["[yolo_ray] epoch 1/2 mAP50-95=0.1", "[yolo_ray] epoch 2/2 mAP50-95=0.2",
+                                    *OTHER_FAILURE]  # fmt: skip
+
+
+def test_a_traceback_right_after_the_ignored_one_is_kept() -> None:
+    """The ignored block ends at its `ray.exceptions.` line: a failure that follows at once is still printed."""
+    assert without_noise([*TIMED_OUT, *OTHER_FAILURE]) == OTHER_FAILURE
+    assert without_noise([*TIMED_OUT, *TIMED_OUT]) == []
+
+
+def test_ray_noise_lines_go() -> None:
+    assert without_noise(["Reporting training result 3", "kept"]) == ["kept"]
