@@ -176,7 +176,10 @@ def _fit(
 
     uri = None
     if cfg.tracking.enabled:
+        # both imported before Ray connects: where a cluster's nodes share a filesystem (the tests' two-node
+        # cluster), another node unpacking the job's working dir replaces these files while it does
         from yolo_ray.tracking import mlflow_server
+        from yolo_ray.tracking.mlflow_runs import Tracker
 
         uri = mlflow_server.tracking_uri(cfg)
         mlflow_server.check(cfg, uri)
@@ -187,8 +190,6 @@ def _fit(
     (run_dir / layout.CONFIG).write_text(_yaml(cfg.to_dict()))
     tracker = None
     if uri is not None:
-        from yolo_ray.tracking.mlflow_runs import Tracker
-
         mlflow_server.check_multinode(cfg, uri, nodes)
         tracker = Tracker(cfg, run_dir, uri, parent_run_id=parent_run_id)
         tracker.start(scaling, nodes, checked.dataset)
