@@ -73,7 +73,9 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
 
     from yolo_ray import inputs
     from yolo_ray.driver import ray_cluster
-    from yolo_ray.tracking import mlflow_server
+
+    # the MLflow side, loaded before Ray connects, also what it imports later (launcher._fit says why)
+    from yolo_ray.tracking import mlflow_runs, mlflow_server, run_record  # noqa: F401
 
     check_space(cfg)
     inputs.prepare(cfg)  # model and dataset checks (and synthetic generation) before any trial
