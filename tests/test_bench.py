@@ -15,7 +15,7 @@ from conftest import yolo_ray
 from yolo_ray.bench.gpu_sampler import process_tree, variant_mem_mib
 from yolo_ray.bench.throughput import _derive, plan
 from yolo_ray.bench.time_to_accuracy import reached, tta_batches
-from yolo_ray.bench.variant_run import BenchSettings, steady_images_per_s
+from yolo_ray.bench.variant_run import BenchSettings, phases, steady_images_per_s
 from yolo_ray.config import ConfigError
 
 
@@ -151,3 +151,17 @@ def test_cpu_bench_runs_end_to_end(tmp_path: Path) -> None:
     assert rows["native-1cpu"]["loop_images_per_s"] is None
     assert report["commit"] and report["settings"]["imgsz"] == 64
     assert "images_per_s" in proc.stdout and "yolo_ray-2cpu" in proc.stdout  # the printed table
+
+
+def test_a_run_clock_splits_at_the_loop_start_and_end_lines_of_native_and_of_yolo_ray() -> None:
+    yolo = [
+        (12.0, "[yolo_ray] ray: local | workers: 1 x GPU\n"),
+        (40.5, "[yolo_ray] training starts 40.1 s after the run started (Ray, workers, model, data)\n"),
+        (52.0, "[yolo_ray] epoch 1/2 mAP50=0\n"),
+        (55.0, "[yolo_ray] epoch 2/2 mAP50=0.1\n"),
+        (61.0, "[yolo_ray] done: mAP50=0.1\n"),
+    ]
+    assert phases(yolo, 63.0) == {"startup_s": 40.5, "loop_s": 14.5, "end_s": 8.0}
+    native = [(9.0, "Starting training for 2 epochs...\n"), (30.0, "2 epochs completed in 0.006 hours.\n")]
+    assert phases(native, 35.0) == {"startup_s": 9.0, "loop_s": 21.0, "end_s": 5.0}
+    assert phases(yolo[:1], 20.0)["startup_s"] is None

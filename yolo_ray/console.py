@@ -37,6 +37,10 @@ RAY_NOISE_TRACEBACKS = (
 )
 
 
+# rank 0's line when the training loop starts (after Ray, the worker group, model and data): a run's start-up ends
+TRAINING_STARTS = "[yolo_ray] training starts"
+
+
 def say(message: str) -> None:
     sys.stdout.write(message + "\n")
     sys.stdout.flush()

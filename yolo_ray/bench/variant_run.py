@@ -17,6 +17,7 @@ from typing import IO, Any
 
 from yolo_ray import tasks
 from yolo_ray.bench.gpu_sampler import Sampler
+from yolo_ray.console import TRAINING_STARTS
 from yolo_ray.summary import read_history
 from yolo_ray.tasks import RENAMES
 
@@ -209,16 +210,18 @@ def timestamped(stream: IO[str] | None, started: float, log: Path) -> list[tuple
     return lines
 
 
-# Ultralytics prints these in native and in yolo_ray's rank 0 alike: the training loop's first and last line
-LOOP_START, LOOP_END = "Starting training for", "epochs completed in"
+# the training loop's first line and its last: Ultralytics' (native, and a verbose yolo_ray run), yolo_ray's own
+# (rank 0's start line; the driver's line for the last epoch, printed once its validation and checkpoint are done)
+LOOP_START = ("Starting training for", TRAINING_STARTS)
+LOOP_END = ("epochs completed in", "[yolo_ray] epoch ")
 
 
 def phases(lines: list[tuple[float, str]], wall: float) -> dict[str, float | None]:
     """A run's wall clock in three: start-up (process start to the training loop: imports, Ray and its workers,
     dataset scan and caching, graph capture), the loop (epochs with their validation and checkpoints), and the
     end (final evaluation of best.pt, export, shutdown)."""
-    start = next((t for t, line in lines if LOOP_START in line), None)
-    end = next((t for t, line in reversed(lines) if LOOP_END in line), None)
+    start = next((t for t, line in lines if any(m in line for m in LOOP_START)), None)
+    end = next((t for t, line in reversed(lines) if any(m in line for m in LOOP_END)), None)
     if start is None or end is None:
         return {"startup_s": None, "loop_s": None, "end_s": None}
     return {"startup_s": round(start, 1), "loop_s": round(end - start, 1), "end_s": round(wall - end, 1)}

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from yolo_ray.console import say
+from yolo_ray.worker import val_batches
 from yolo_ray.worker.checkpoint_writer import AWAITING_PREFIX, awaiting_dir, host_copies
 from yolo_ray.worker_plan import ValAsyncSettings
 
@@ -93,7 +94,7 @@ class Validator:
         trainer.set_model_attributes()  # nc, names, args: the loss reads its gains from model.args
         split = trainer.data.get("val") or trainer.data.get("test")
         val_batch = batch if trainer.args.task == "obb" else batch * 2  # the trainer's own test loader batch
-        trainer.test_loader = trainer.get_dataloader(split, val_batch, rank=-1, mode="val")
+        trainer.test_loader = val_batches.on_device(trainer.get_dataloader(split, val_batch, -1, "val"), self.device)
         self.validator = trainer.get_validator()
         trainer.amp = self.device.type == "cuda" and bool(trainer.args.amp)
         trainer.device = self.device

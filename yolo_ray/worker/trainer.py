@@ -40,6 +40,7 @@ from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distri
 from yolo_ray import run_layout as layout
 from yolo_ray import tasks
 from yolo_ray.console import say
+from yolo_ray.worker import val_batches
 from yolo_ray.worker.checkpoint_writer import CheckpointWriter, weights_digest
 from yolo_ray.worker_plan import StreamPlan
 
@@ -115,7 +116,9 @@ class RayTrainer(BaseTrainer):
     def get_dataloader(self, dataset_path: str, batch_size: int = 16, rank: int = 0, mode: str = "train") -> Any:
         if mode == "train" and self.loader == "stream":
             return self._stream_loader(batch_size)
-        if mode != "train" or self.loader != "device":
+        if mode != "train":  # the val split: its batches stay on the GPU after the first validation
+            return val_batches.on_device(super().get_dataloader(dataset_path, batch_size, rank, mode), self.device)
+        if self.loader != "device":
             return super().get_dataloader(dataset_path, batch_size, rank, mode)
         from yolo_ray.data import device_loader
 
