@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from yolo_ray.console import without_noise
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from yolo_ray.console import TRAINING_STARTS, without_noise
+from yolo_ray.progress import PROGRESS, EpochConsole
 
 # As Ray Train 2.60's controller logs a resource request that timed out on a loaded host (shortened)
 TIMED_OUT = [
@@ -36,3 +43,16 @@ def test_a_traceback_right_after_the_ignored_one_is_kept() -> None:
 
 def test_ray_noise_lines_go() -> None:
     assert without_noise(["Reporting training result 3", "kept"]) == ["kept"]
+
+
+def test_the_driver_says_once_when_the_training_loop_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    console = EpochConsole(tmp_path, epochs=2, tty=False, started=time.time() - 42)
+    console._poll()
+    assert capsys.readouterr().out == ""  # rank 0 has not started its loop yet
+    (tmp_path / PROGRESS).write_text(json.dumps({"epoch": 1, "epochs": 2, "batch": 0, "batches": 3, "phase": "train"}))
+    console._poll()
+    console._poll()
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(TRAINING_STARTS) and 42 <= float(line.split()[3]) < 60, line
+    EpochConsole(tmp_path, epochs=2, tty=False)._poll()  # no start given (e.g. the bench's own followers): no line
+    assert capsys.readouterr().out == ""

@@ -96,4 +96,6 @@ def test_validator_on_kept_batches_gives_the_loader_metrics(shapes_small: Path, 
         results.append((stats, served))
     assert isinstance(results[2][1], DeviceValBatches) and results[2][1].kept is not None
     assert results[2][1].kept[0]["img"].is_cuda
-    assert results[0][0] == results[1][0] == results[2][0]
+    plain = results[0][0]
+    for stats, _ in results[1:]:  # the same tensors in; the GPU's kernels may differ in a last bit
+        assert stats.keys() == plain.keys() and all(stats[k] == pytest.approx(plain[k], abs=1e-6) for k in plain)

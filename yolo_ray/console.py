@@ -37,7 +37,7 @@ RAY_NOISE_TRACEBACKS = (
 )
 
 
-# rank 0's line when the training loop starts (after Ray, the worker group, model and data): a run's start-up ends
+# the driver's line when rank 0's training loop starts (after Ray, the worker group, model and data): start-up ends
 TRAINING_STARTS = "[yolo_ray] training starts"
 
 

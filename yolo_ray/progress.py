@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo_ray import run_layout as layout
+from yolo_ray.console import TRAINING_STARTS
 from yolo_ray.summary import read_history
 
 PROGRESS = layout.PROGRESS
@@ -100,8 +101,12 @@ class EpochConsole:
     """The driver's follower of a run directory: prints each new history.jsonl row as an epoch line, and on a
     terminal draws a bar from progress.json. Start it before training, stop it after (stop prints what is left)."""
 
-    def __init__(self, run_dir: Path, epochs: int, tty: bool | None = None, every_s: float = 0.25):
-        self.run_dir, self.epochs, self.every_s = run_dir, epochs, every_s
+    def __init__(
+        self, run_dir: Path, epochs: int, tty: bool | None = None, every_s: float = 0.25, started: float | None = None
+    ):
+        """started: the run's start (time.time()); when given, one line says when the training loop started (rank 0's
+        first progress.json): what the silent start-up (Ray, workers, model, data) took."""
+        self.run_dir, self.epochs, self.every_s, self.started = run_dir, epochs, every_s, started
         self.tty = sys.stdout.isatty() if tty is None else tty
         self._printed = len(read_history(run_dir))  # a resumed run's earlier epochs were printed back then
         self._stop = threading.Event()
@@ -126,6 +131,10 @@ class EpochConsole:
                 self._poll()
 
     def _poll(self) -> None:
+        if self.started is not None and (self.run_dir / PROGRESS).exists():
+            took = time.time() - self.started
+            self._print(f"{TRAINING_STARTS} {took:.1f} s after the run started (Ray, workers, model, data)")
+            self.started = None  # once: a restarted group's loop is not a new start-up
         rows = read_history(self.run_dir)
         for row in rows[self._printed :]:
             self._print(epoch_line(row, self.epochs))

@@ -72,4 +72,3 @@ class WorkerPlan:
     export: bool = False  # rank 0 exports best.pt to ONNX (MLflow registers it)
     callbacks: tuple[UserCallback, ...] = ()
     verbose: bool = False
-    started_at: float = 0.0  # the driver's clock when the run started (time.time()): rank 0 says its start-up

@@ -210,8 +210,8 @@ def timestamped(stream: IO[str] | None, started: float, log: Path) -> list[tuple
     return lines
 
 
-# the training loop's first line and its last: Ultralytics' (native, and a verbose yolo_ray run), yolo_ray's own
-# (rank 0's start line; the driver's line for the last epoch, printed once its validation and checkpoint are done)
+# the training loop's first line and its last: Ultralytics' (native, and a verbose yolo_ray run), yolo_ray's driver's
+# (its start line; its line for the last epoch, printed once that epoch's validation and checkpoint are done)
 LOOP_START = ("Starting training for", TRAINING_STARTS)
 LOOP_END = ("epochs completed in", "[yolo_ray] epoch ")
 

@@ -119,7 +119,7 @@ def changed_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tupl
 
 
 def plan_workers(
-    cfg: ExperimentConfig, checked: inputs.Inputs, data_yaml: Path, run_dir: Path, scaling: Any, started: float = 0.0
+    cfg: ExperimentConfig, checked: inputs.Inputs, data_yaml: Path, run_dir: Path, scaling: Any
 ) -> WorkerPlan:
     """Everything a Ray Train worker needs, decided once here (worker_plan.py)."""
     t, run, stream = cfg.train, cfg.run, checked.dataset.stream
@@ -145,7 +145,6 @@ def plan_workers(
         export=cfg.tracking.enabled and cfg.tracking.register,
         callbacks=tuple(user_callbacks.parse(t.callbacks, cfg.source)),
         verbose=run.verbose,
-        started_at=started,
     )
 
 
@@ -195,7 +194,7 @@ def _fit(
         tracker = Tracker(cfg, run_dir, uri, parent_run_id=parent_run_id)
         tracker.start(scaling, nodes, checked.dataset)
         tracker.follow()
-    plan = plan_workers(cfg, checked, data_yaml, run_dir, scaling, started)
+    plan = plan_workers(cfg, checked, data_yaml, run_dir, scaling)
     print(
         f"[yolo_ray] ray: {where} | workers: {scaling.describe()} x {'GPU' if scaling.use_gpu else 'CPU'} | global "
         f"batch {cfg.train.batch} ({plan.batch.per_worker(scaling.num_workers)} per worker at {scaling.num_workers})"
@@ -206,7 +205,7 @@ def _fit(
     datasets = _stream_datasets(cfg, plan, checked.dataset, scaling.num_workers)
     trainer = _torch_trainer(cfg, plan, scaling, callbacks, datasets)
     try:
-        with EpochConsole(run_dir, cfg.train.epochs):
+        with EpochConsole(run_dir, cfg.train.epochs, started=started):
             result = trainer.fit()
     except Exception as e:
         write_summary(run_dir, cfg, scaling, started, status="failed", error=str(e))

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from yolo_ray import run_layout as layout
 from yolo_ray import user_callbacks
-from yolo_ray.console import TRAINING_STARTS, say
+from yolo_ray.console import say
 from yolo_ray.metrics import final_metrics, final_record
 from yolo_ray.progress import ProgressWriter
 from yolo_ray.summary import newest_checkpoint, read_history, write_history
@@ -135,18 +135,11 @@ def _attach(
         stack.callback(trainer.async_val.close)
     if rank == 0:
         ProgressWriter(run_dir).attach(trainer)
-        trainer.add_callback("on_train_start", lambda _: _say_started(plan.started_at))
     if rank == 0 and plan.profile_steps:
         from yolo_ray.worker.profiling import StepProfiler
 
         StepProfiler(run_dir, plan.profile_steps).attach(trainer)
     return reporter
-
-
-def _say_started(started_at: float) -> None:
-    """The one line between the driver's first and the first epoch's: the bench splits a run's clock here."""
-    if started_at:
-        say(f"{TRAINING_STARTS} {time.time() - started_at:.1f} s after the run started (Ray, workers, model, data)")
 
 
 def export_best(best: Path, data: Path, imgsz: int, run_dir: Path) -> None:
