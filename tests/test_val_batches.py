@@ -40,8 +40,7 @@ def test_later_passes_give_the_first_pass_batches_and_keep_them_unchanged(shapes
     loader = _val_loader(shapes_small)
     plain = list(loader)
     kept = DeviceValBatches(loader, torch.device("cpu"))
-    kept.refused = False  # keep on the CPU: the mechanics are the device's
-    kept._fits = lambda: True  # type: ignore[method-assign]
+    kept.fits = True  # keep on the CPU: the mechanics are the device's
     assert len(kept) == len(loader) and kept.dataset is loader.dataset and kept.batch_size == loader.batch_size
     for _ in range(3):
         seen = []
@@ -58,8 +57,7 @@ class _Batches(list):
 
 def test_a_pass_broken_off_keeps_nothing() -> None:
     kept = DeviceValBatches(_Batches({"img": torch.full((1,), i)} for i in range(3)), torch.device("cpu"))
-    kept.refused = False
-    kept._fits = lambda: True  # type: ignore[method-assign]
+    kept.fits = True
     broken = iter(kept)
     next(broken)
     del broken
@@ -72,8 +70,7 @@ def test_cpu_loaders_and_oversized_splits_are_served_by_the_loader(shapes_small:
     loader = _val_loader(shapes_small)
     assert on_device(loader, torch.device("cpu")) is loader
     big = DeviceValBatches(loader, torch.device("cpu"))
-    big.refused = False
-    big._fits = lambda: False  # type: ignore[method-assign]
+    big.fits = False
     assert sum(1 for _ in big) == len(loader) and big.kept is None
 
 

@@ -24,7 +24,7 @@ class DeviceValBatches:
     def __init__(self, loader: Any, device: torch.device):
         self.loader, self.device = loader, device
         self.kept: list[dict[str, Any]] | None = None
-        self.refused = device.type != "cuda"  # on a CPU there is no copy to save
+        self.fits: bool | None = None  # whether they may be kept: decided at the first pass
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -37,7 +37,9 @@ class DeviceValBatches:
             for batch in self.kept:
                 yield dict(batch)  # the validator replaces batch entries (img -> float): the kept dict stays as kept
             return
-        if self.refused or not self._fits():
+        if self.fits is None:
+            self.fits = self._fits()
+        if not self.fits:
             yield from self.loader
             return
         kept = []
@@ -52,9 +54,7 @@ class DeviceValBatches:
         imgsz = int(getattr(self.loader.dataset, "imgsz", 640))
         need = len(self.loader.dataset) * imgsz * imgsz * 3
         free, _ = torch.cuda.mem_get_info(self.device)
-        if need > DEVICE_SHARE * free:
-            self.refused = True
-        return not self.refused
+        return need <= DEVICE_SHARE * free
 
 
 def on_device(loader: Any, device: torch.device) -> Any:
