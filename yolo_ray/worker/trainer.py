@@ -40,7 +40,7 @@ from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distri
 from yolo_ray import run_layout as layout
 from yolo_ray import tasks
 from yolo_ray.console import say
-from yolo_ray.worker import val_batches
+from yolo_ray.worker import batched_val, val_batches
 from yolo_ray.worker.checkpoint_writer import CheckpointWriter, weights_digest
 from yolo_ray.worker_plan import StreamPlan
 
@@ -149,6 +149,9 @@ class RayTrainer(BaseTrainer):
             ring_rows=self.stream.buffer,
             record_dir=layout.stream_records(Path(self.save_dir).parent),
         )
+
+    def get_validator(self) -> Any:
+        return batched_val.batched(super().get_validator())
 
     def plot_training_labels(self) -> None:
         if self.loader == "stream":  # the plots need every label file, which the stream reads only as it goes

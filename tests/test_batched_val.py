@@ -1,0 +1,93 @@
+"""Detection validation batched over images (worker/batched_val.py) gives Ultralytics' validator's results: the
+same detections from NMS, the same matches, the same metrics on trained weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from yolo_ray import ultralytics_env
+from yolo_ray.run_layout import weights
+from yolo_ray.worker import batched_val
+from yolo_ray.worker.batched_val import BatchedDetectionValidator, batched_nms, match_greedy
+
+ultralytics_env.setup()
+from ultralytics.models.yolo.detect import DetectionValidator  # noqa: E402
+from ultralytics.utils.nms import non_max_suppression  # noqa: E402
+
+IOUV = torch.linspace(0.5, 0.95, 10)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU"))]
+
+
+def _images(seed: int, n: int = 12) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(iou [G, P], label classes, detection classes) per image: clusters of detections around few labels, so that
+    detections compete for labels, some images with no labels or no detections."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        labels, dets = (0 if i == 3 else int(torch.randint(1, 8, (1,), generator=g))), (0 if i == 5 else 40)
+        iou = (torch.rand(labels, dets, generator=g) * 1.3 - 0.2).clamp(0, 1)
+        iou[torch.rand(labels, dets, generator=g) < 0.5] = 0
+        out.append((iou, torch.randint(0, 3, (labels,), generator=g), torch.randint(0, 3, (dets,), generator=g)))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_matching_all_images_at_once_is_ultralytics_image_by_image(seed: int, device: str) -> None:
+    upstream = DetectionValidator(args={"plots": False})
+    images = _images(seed)
+    g, p = max(i[0].shape[0] for i in images), max(i[0].shape[1] for i in images)
+    padded = torch.zeros(len(images), g, p)
+    for k, (iou, label_cls, det_cls) in enumerate(images):
+        padded[k, : iou.shape[0], : iou.shape[1]] = iou * (label_cls[:, None] == det_cls)
+    correct = match_greedy(padded.to(device), IOUV.to(device)).cpu()
+    for k, (iou, label_cls, det_cls) in enumerate(images):
+        want = upstream.match_predictions(det_cls, label_cls, iou) if iou.numel() else torch.zeros(iou.shape[1], 10)
+        assert torch.equal(correct[k, : iou.shape[1]], want.bool()), k
+    assert correct.any()  # the case is not trivial
+
+
+@pytest.mark.parametrize("nms_boxes", [1 << 15, 700])  # one call for the batch; calls of a few images each
+@pytest.mark.parametrize("device", DEVICES)
+def test_nms_over_many_images_at_once_gives_ultralytics_detections_per_image(
+    device: str, nms_boxes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batched_val, "NMS_BOXES", nms_boxes)
+    g = torch.Generator().manual_seed(0)
+    bs, nc, anchors = 6, 5, 900
+    centres = torch.rand(bs, 2, 8, generator=g) * 120  # boxes cluster on a few objects: NMS has work to do
+    xy = centres[:, :, torch.randint(0, 8, (anchors,), generator=g)] + torch.randn(bs, 2, anchors, generator=g) * 4
+    wh = 10 + torch.rand(bs, 2, anchors, generator=g) * 30
+    scores = torch.rand(bs, nc, anchors, generator=g) ** 4
+    scores[1] = 0  # an image with no detection
+    prediction = torch.cat([xy, wh, scores], 1).to(device)
+    if device == "cuda":
+        prediction = prediction.half()  # as a training-mode validation's model gives them
+    for conf, max_det in ((0.001, 300), (0.25, 20)):
+        got = batched_nms(prediction, conf, 0.7, max_det=max_det)
+        want = non_max_suppression(prediction, conf, 0.7, multi_label=True, max_det=max_det)
+        assert got.counts == [len(w) for w in want] and got.counts[1] == 0 and max(got.counts) > 0
+        for i, w in enumerate(want):
+            n = got.counts[i]
+            assert torch.equal(got.boxes[i, :n], w[:, :4]) and torch.equal(got.conf[i, :n], w[:, 4])
+            assert torch.equal(got.cls[i, :n], w[:, 5]) and bool((got.cls[i, n:] == -1).all())
+
+
+def _validate(cls: type, data: Path, checkpoint: Path) -> tuple[dict, dict]:
+    """(metrics, each image's TP/FP/FN at IoU 0.5) of a standalone validation at conf 0.001: hundreds of boxes an
+    image, most of them low-confidence ones that compete for the same labels."""
+    v = cls(args={"data": str(data / "data.yaml"), "imgsz": 128, "batch": 16, "plots": False, "conf": 0.001})
+    stats = v(model=str(checkpoint))
+    return stats, v.metrics.box.image_metrics
+
+
+def test_metrics_are_ultralytics_validator_on_trained_weights(ddp_run: Path, shapes: Path) -> None:
+    want, want_images = _validate(DetectionValidator, shapes, weights(ddp_run) / "best.pt")
+    got, got_images = _validate(BatchedDetectionValidator, shapes, weights(ddp_run) / "best.pt")
+    assert got.keys() == want.keys()
+    assert all(got[k] == pytest.approx(want[k], abs=1e-3) for k in want), (got, want)
+    assert got_images == want_images  # each image's TP, FP and FN at IoU 0.5
+    assert want["metrics/mAP50-95(B)"] > 0.3  # trained: the matching decides real scores

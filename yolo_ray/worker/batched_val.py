@@ -1,0 +1,226 @@
+"""Detection validation batched over images, on the validator's device (task detect).
+
+Ultralytics' DetectionValidator runs NMS and matches predictions to labels one image at a time: per image a dozen
+torch ops, then a numpy loop over its detections. That Python holds the GIL, which is what validating on a thread
+of the training process costs training (benchmarks/results/2026-12-03-h200-val-thread-gil.json). Here NMS runs
+once per batch and the matching once per validation, all images at once; the scores come from Ultralytics' own
+metrics code, fed the per-image arrays its validator would have fed it. Plots, JSON and txt output (final_eval,
+the last epoch) keep Ultralytics' per-image path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from ultralytics.models.yolo.detect import DetectionValidator
+from ultralytics.utils import ops
+
+MAX_WH = 7680  # Ultralytics' per-class NMS offset (nms.non_max_suppression's max_wh)
+NMS_BOXES = 1 << 15  # boxes one torchvision NMS call takes (its mask: boxes^2 / 8 bytes, 128 MB)
+MATCH_ELEMENTS = 1 << 26  # IoU entries one matching pass holds on the device (256 MB of float32)
+
+
+@dataclass
+class Detections:
+    """A batch's detections after NMS, padded: image i's first counts[i] rows, in descending confidence."""
+
+    boxes: torch.Tensor  # [B, P, 4] xyxy, letterboxed pixels
+    conf: torch.Tensor  # [B, P]
+    cls: torch.Tensor  # [B, P], -1 past counts[i]
+    counts: list[int]
+
+
+def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *, max_det: int,
+                max_nms: int = 30000, agnostic: bool = False) -> Detections:  # fmt: skip
+    """Ultralytics' non_max_suppression (multi-label, class-aware unless agnostic) for a whole batch, in as few
+    torchvision calls as NMS_BOXES allows: each image's boxes are moved out of every other image's reach, in float64
+    so that the move is exact (an image's boxes and their class offsets are Ultralytics' float32 values)."""
+    import torchvision
+
+    if isinstance(prediction, (list, tuple)):  # training-mode model output: (inference, loss inputs)
+        prediction = prediction[0]
+    bs, channels, _ = prediction.shape
+    nc = channels - 4
+    pred = prediction.transpose(-1, -2)
+    img, anchor, cls = torch.where(pred[..., 4:] > conf_thres)  # image-major, then anchor, then class: as upstream
+    boxes = ops.xywh2xyxy(pred[..., :4])[img, anchor].float()
+    scores = pred[..., 4:][img, anchor, cls].float()
+    cls = cls.float()
+    per_image = torch.bincount(img, minlength=bs).tolist()
+    if max(per_image) > max_nms:  # an image's most confident only
+        order = scores.argsort(descending=True, stable=True)
+        order = order[img[order].argsort(stable=True)]
+        keep = order[_rank_in_image(img[order], bs) < max_nms]
+        img, boxes, scores, cls = img[keep], boxes[keep], scores[keep], cls[keep]
+        per_image = [min(n, max_nms) for n in per_image]
+    offset = boxes + cls[:, None] * (0 if agnostic else MAX_WH)  # float32, as upstream
+    moved = offset.double() + (img.double() * (MAX_WH * (nc + 1)))[:, None]
+    scores64 = scores.double()
+    keep = torch.cat([torchvision.ops.nms(moved[a:b], scores64[a:b], iou_thres) + a for a, b in _spans(per_image)])
+    keep = keep[img[keep].argsort(stable=True)]  # by image, each in descending score (as each call returns them)
+    rank = _rank_in_image(img[keep], bs)
+    keep, rank = keep[rank < max_det], rank[rank < max_det]
+    counts = torch.bincount(img[keep], minlength=bs).tolist()
+    width = max(counts, default=0)
+    out_boxes = boxes.new_zeros(bs, width, 4)
+    out_conf = scores.new_zeros(bs, width)
+    out_cls = scores.new_full((bs, width), -1.0)
+    at = (img[keep], rank)
+    out_boxes[at], out_conf[at], out_cls[at] = boxes[keep], scores[keep], cls[keep]
+    return Detections(out_boxes, out_conf, out_cls, counts)
+
+
+def _spans(per_image: list[int]) -> list[tuple[int, int]]:
+    """Row ranges of whole images, each at most NMS_BOXES rows unless one image alone has more: torchvision's NMS
+    keeps a mask quadratic in its boxes, so one call for a young model's batch (millions of boxes) cannot run."""
+    spans, start, end = [], 0, 0
+    for n in per_image:
+        if end > start and end - start + n > NMS_BOXES:
+            spans.append((start, end))
+            start = end
+        end += n
+    return [*spans, (start, end)]
+
+
+def _rank_in_image(img: torch.Tensor, bs: int) -> torch.Tensor:
+    """Each row's position among its image's rows (img sorted)."""
+    starts = torch.cumsum(torch.bincount(img, minlength=bs), 0) - torch.bincount(img, minlength=bs)
+    return torch.arange(img.numel(), device=img.device) - starts[img]
+
+
+def box_iou_batched(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """Ultralytics' box_iou, image by image: a [N, G, 4], b [N, P, 4] -> [N, G, P] (the same float32 ops)."""
+    (a1, a2), (b1, b2) = a.float()[:, :, None].chunk(2, 3), b.float()[:, None].chunk(2, 3)
+    inter = (torch.min(a2, b2) - torch.max(a1, b1)).clamp_(0).prod(3)
+    return inter / ((a2 - a1).prod(3) + (b2 - b1).prod(3) - inter + eps)
+
+
+def match_greedy(iou: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    """Ultralytics' match_predictions for many images at once: iou [N, G, P] (labels x detections in descending
+    confidence, 0 where classes differ) -> correct [N, P, T]. Detections in confidence order each claim their best
+    unclaimed label per threshold. One that overlaps no label by the lowest threshold claims nothing, so the loop runs
+    over the others only, moved to the front: as many steps as one image has of them at most."""
+    n, g, p = iou.shape
+    t = thresholds.numel()
+    correct = torch.zeros(n, p, t, dtype=torch.bool, device=iou.device)
+    candidate = (iou >= thresholds.min()).any(1)  # [N, P]
+    steps = int(candidate.sum(1).max()) if candidate.numel() else 0
+    if not steps:
+        return correct
+    order = torch.argsort((~candidate).to(torch.int8), dim=1, stable=True)[:, :steps]  # candidates first, in order
+    columns = iou.gather(2, order[:, None].expand(n, g, steps))
+    claimed = torch.zeros(n, g, t, dtype=torch.bool, device=iou.device)
+    hits = torch.zeros(n, steps, t, dtype=torch.bool, device=iou.device)
+    for k in range(steps):
+        available = torch.where(claimed, 0.0, columns[:, :, k, None])  # [N, G, T]
+        label = available.argmax(1, keepdim=True)  # the first of equals, as numpy's argmax
+        hit = available.gather(1, label) >= thresholds  # [N, 1, T]
+        hits[:, k] = hit[:, 0]
+        claimed.scatter_(1, label, claimed.gather(1, label) | hit)
+    hits &= candidate.gather(1, order)[..., None]
+    return correct.scatter_(1, order[..., None].expand(n, steps, t), hits)
+
+
+@dataclass
+class _Pending:
+    """One batch's detections and labels, waiting for the matching at the validation's end."""
+
+    iou: torch.Tensor  # [B, G, P]
+    det: Detections
+    label_cls: list[np.ndarray]  # per image
+    names: list[str]
+
+
+class BatchedDetectionValidator(DetectionValidator):
+    """Ultralytics' DetectionValidator with NMS per batch and matching per validation. Used through batched()."""
+
+    def init_metrics(self, model: torch.nn.Module) -> None:
+        super().init_metrics(model)
+        a = self.args
+        self.batched = not (a.plots or a.save_json or a.save_txt or a.visualize or self.end2end)
+        self.waiting: list[_Pending] = []
+
+    def postprocess(self, preds: torch.Tensor) -> Any:
+        if not self.batched:
+            return super().postprocess(preds)
+        a = self.args
+        return batched_nms(preds, a.conf, a.iou, max_det=a.max_det, agnostic=a.single_cls or a.agnostic_nms)
+
+    def update_metrics(self, preds: Any, batch: dict[str, Any]) -> None:
+        if not self.batched:
+            return super().update_metrics(preds, batch)
+        bs = len(preds.counts)
+        self.seen += bs
+        if self.args.single_cls:
+            preds.cls[preds.cls >= 0] = 0
+        per_image = torch.bincount(batch["batch_idx"].long(), minlength=bs)
+        counts = per_image.tolist()
+        rank = torch.arange(len(batch["batch_idx"]), device=per_image.device)
+        rank -= (torch.cumsum(per_image, 0) - per_image)[batch["batch_idx"].long()]
+        at = (batch["batch_idx"].long(), rank)
+        labels = batch["bboxes"].new_zeros(bs, max(counts, default=0), 4)
+        label_cls = batch["cls"].new_full((bs, labels.shape[1]), -2.0)
+        h, w = batch["img"].shape[2:]
+        labels[at] = ops.xywh2xyxy(batch["bboxes"]) * torch.tensor((w, h, w, h), device=labels.device)
+        label_cls[at] = batch["cls"].view(-1).to(label_cls.dtype)
+        iou = box_iou_batched(labels, preds.boxes) * (label_cls[:, :, None] == preds.cls[:, None, :])
+        cls = np.split(batch["cls"].view(-1).cpu().numpy(), np.cumsum(counts)[:-1])
+        names = [Path(f).name for f in batch["im_file"]]
+        self.waiting.append(_Pending(iou, preds, cls, names))
+
+    def gather_stats(self) -> None:
+        if self.batched:
+            self._match_pending()
+        super().gather_stats()
+
+    def _match_pending(self) -> None:
+        """Match every waiting batch, as few passes as MATCH_ELEMENTS allows, and hand each image's arrays to
+        Ultralytics' metrics in the loader's order."""
+        pending, self.waiting = self.waiting, []
+        while pending:
+            group = [pending.pop(0)]
+            while pending and _elements([*group, pending[0]]) <= MATCH_ELEMENTS:
+                group.append(pending.pop(0))
+            g = max(p.iou.shape[1] for p in group)
+            width = max(p.iou.shape[2] for p in group)
+            iou = torch.cat([_pad(p.iou, (g, width)) for p in group])
+            correct = match_greedy(iou, self.iouv.to(iou.device)).cpu().numpy()
+            conf = torch.cat([_pad(p.det.conf, (width,)) for p in group]).cpu().numpy()
+            cls = torch.cat([_pad(p.det.cls, (width,)) for p in group]).cpu().numpy()
+            i = 0
+            for p in group:
+                for n, label_cls, name in zip(p.det.counts, p.label_cls, p.names, strict=True):
+                    self.metrics.update_stats({
+                        "tp": correct[i, :n],
+                        "target_cls": label_cls,
+                        "target_img": np.unique(label_cls),
+                        "conf": conf[i, :n] if n else np.zeros(0),
+                        "pred_cls": cls[i, :n] if n else np.zeros(0),
+                        "im_name": name,
+                    })  # fmt: skip
+                    i += 1
+
+
+def _elements(group: list[_Pending]) -> int:
+    return sum(p.iou.shape[0] for p in group) * max(p.iou.shape[1] for p in group) * max(p.iou.shape[2] for p in group)
+
+
+def _pad(x: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
+    """x zero-padded at the end of its trailing dims to `size` (its first dim kept)."""
+    pads: list[int] = []
+    for have, want in zip(reversed(x.shape[1:]), reversed(size), strict=True):
+        pads += [0, want - have]
+    return torch.nn.functional.pad(x, pads)
+
+
+def batched(validator: Any) -> Any:
+    """The validator, as a BatchedDetectionValidator when it is Ultralytics' plain DetectionValidator (its subclasses,
+    the other tasks' validators, have per-image matching of their own and keep it). The class is swapped in place:
+    the task trainer built it with arguments of its choosing."""
+    if type(validator) is DetectionValidator:
+        validator.__class__ = BatchedDetectionValidator
+    return validator
