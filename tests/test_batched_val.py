@@ -3,6 +3,8 @@ same detections from NMS, the same matches, the same metrics on trained weights.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,12 +12,19 @@ import torch
 
 from yolo_ray import ultralytics_env
 from yolo_ray.run_layout import weights
-from yolo_ray.worker import batched_val
-from yolo_ray.worker.batched_val import BatchedDetectionValidator, batched_nms, match_greedy
 
-ultralytics_env.setup()
-from ultralytics.models.yolo.detect import DetectionValidator  # noqa: E402
-from ultralytics.utils.nms import non_max_suppression  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def ultralytics() -> Iterator[None]:
+    """Ultralytics set up (offline, its own settings dir) for each test, after the session's fixtures started their
+    processes, and the environment it writes put back after it: Ray nodes that later tests start must not inherit it
+    (YOLO_VERBOSE above all)."""
+    saved = dict(os.environ)
+    ultralytics_env.setup()
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
 
 IOUV = torch.linspace(0.5, 0.95, 10)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU"))]
@@ -37,6 +46,10 @@ def _images(seed: int, n: int = 12) -> list[tuple[torch.Tensor, torch.Tensor, to
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_matching_all_images_at_once_is_ultralytics_image_by_image(seed: int, device: str) -> None:
+    from ultralytics.models.yolo.detect import DetectionValidator
+
+    from yolo_ray.worker.batched_val import match_greedy
+
     upstream = DetectionValidator(args={"plots": False})
     images = _images(seed)
     g, p = max(i[0].shape[0] for i in images), max(i[0].shape[1] for i in images)
@@ -55,6 +68,10 @@ def test_matching_all_images_at_once_is_ultralytics_image_by_image(seed: int, de
 def test_nms_over_many_images_at_once_gives_ultralytics_detections_per_image(
     device: str, nms_boxes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from ultralytics.utils.nms import non_max_suppression
+
+    from yolo_ray.worker import batched_val
+
     monkeypatch.setattr(batched_val, "NMS_BOXES", nms_boxes)
     g = torch.Generator().manual_seed(0)
     bs, nc, anchors = 6, 5, 900
@@ -67,7 +84,7 @@ def test_nms_over_many_images_at_once_gives_ultralytics_detections_per_image(
     if device == "cuda":
         prediction = prediction.half()  # as a training-mode validation's model gives them
     for conf, max_det in ((0.001, 300), (0.25, 20)):
-        got = batched_nms(prediction, conf, 0.7, max_det=max_det)
+        got = batched_val.batched_nms(prediction, conf, 0.7, max_det=max_det)
         want = non_max_suppression(prediction, conf, 0.7, multi_label=True, max_det=max_det)
         assert got.counts == [len(w) for w in want] and got.counts[1] == 0 and max(got.counts) > 0
         for i, w in enumerate(want):
@@ -85,6 +102,10 @@ def _validate(cls: type, data: Path, checkpoint: Path) -> tuple[dict, dict]:
 
 
 def test_metrics_are_ultralytics_validator_on_trained_weights(ddp_run: Path, shapes: Path) -> None:
+    from ultralytics.models.yolo.detect import DetectionValidator
+
+    from yolo_ray.worker.batched_val import BatchedDetectionValidator
+
     want, want_images = _validate(DetectionValidator, shapes, weights(ddp_run) / "best.pt")
     got, got_images = _validate(BatchedDetectionValidator, shapes, weights(ddp_run) / "best.pt")
     assert got.keys() == want.keys()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -56,3 +58,12 @@ def test_the_driver_says_once_when_the_training_loop_starts(tmp_path: Path, caps
     assert line.startswith(TRAINING_STARTS) and 42 <= float(line.split()[3]) < 60, line
     EpochConsole(tmp_path, epochs=2, tty=False)._poll()  # no start given (e.g. the bench's own followers): no line
     assert capsys.readouterr().out == ""
+
+
+def test_the_worker_loop_imports_no_ultralytics() -> None:
+    """A Train worker imports its loop before it sets Ultralytics' environment (quiet unless run.verbose, offline,
+    its own settings dir) and before Ray sets the ranks Ultralytics reads at import: an Ultralytics import reached
+    from the loop's own imports printed Ultralytics' chatter on every run."""
+    code = "import sys, yolo_ray.worker.loop; print('ultralytics' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from yolo_ray.console import say
-from yolo_ray.worker import batched_val, val_batches
+from yolo_ray.worker import val_batches
 from yolo_ray.worker.checkpoint_writer import AWAITING_PREFIX, awaiting_dir, host_copies
 from yolo_ray.worker_plan import ValAsyncSettings
 
@@ -95,6 +95,8 @@ class Validator:
         split = trainer.data.get("val") or trainer.data.get("test")
         val_batch = batch if trainer.args.task == "obb" else batch * 2  # the trainer's own test loader batch
         trainer.test_loader = val_batches.on_device(trainer.get_dataloader(split, val_batch, -1, "val"), self.device)
+        from yolo_ray.worker import batched_val  # imports Ultralytics: after the environment above is set
+
         self.validator = batched_val.batched(trainer.get_validator())
         trainer.amp = self.device.type == "cuda" and bool(trainer.args.amp)
         trainer.device = self.device

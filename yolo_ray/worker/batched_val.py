@@ -6,6 +6,8 @@ of the training process costs training (benchmarks/results/2026-12-03-h200-val-t
 once per batch and the matching once per validation, all images at once; the scores come from Ultralytics' own
 metrics code, fed the per-image arrays its validator would have fed it. Plots, JSON and txt output (final_eval,
 the last epoch) keep Ultralytics' per-image path.
+
+Imports Ultralytics: import it in the worker once its environment is set (as trainer.py), never from loop.py's imports.
 """
 
 from __future__ import annotations
