@@ -101,13 +101,15 @@ def _validate(cls: type, data: Path, checkpoint: Path) -> tuple[dict, dict]:
     return stats, v.metrics.box.image_metrics
 
 
-def test_metrics_are_ultralytics_validator_on_trained_weights(ddp_run: Path, shapes: Path) -> None:
+def test_metrics_are_ultralytics_validator_on_trained_weights(device_run: Path, shapes: Path) -> None:
+    """The device-loader learning run's best.pt (not ddp_run's: that run registers the model test_tracking reads, and
+    must register after test_faults' weaker run, as it does when test_launcher first asks for it)."""
     from ultralytics.models.yolo.detect import DetectionValidator
 
     from yolo_ray.worker.batched_val import BatchedDetectionValidator
 
-    want, want_images = _validate(DetectionValidator, shapes, weights(ddp_run) / "best.pt")
-    got, got_images = _validate(BatchedDetectionValidator, shapes, weights(ddp_run) / "best.pt")
+    want, want_images = _validate(DetectionValidator, shapes, weights(device_run) / "best.pt")
+    got, got_images = _validate(BatchedDetectionValidator, shapes, weights(device_run) / "best.pt")
     assert got.keys() == want.keys()
     assert all(got[k] == pytest.approx(want[k], abs=1e-3) for k in want), (got, want)
     assert got_images == want_images  # each image's TP, FP and FN at IoU 0.5
