@@ -90,8 +90,8 @@ def _spans(per_image: list[int]) -> list[tuple[int, int]]:
 
 def _rank_in_image(img: torch.Tensor, bs: int) -> torch.Tensor:
     """Each row's position among its image's rows (img sorted)."""
-    starts = torch.cumsum(torch.bincount(img, minlength=bs), 0) - torch.bincount(img, minlength=bs)
-    return torch.arange(img.numel(), device=img.device) - starts[img]
+    counts = torch.bincount(img, minlength=bs)
+    return torch.arange(img.numel(), device=img.device) - (torch.cumsum(counts, 0) - counts)[img]
 
 
 def box_iou_batched(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
@@ -159,11 +159,9 @@ class BatchedDetectionValidator(DetectionValidator):
         self.seen += bs
         if self.args.single_cls:
             preds.cls[preds.cls >= 0] = 0
-        per_image = torch.bincount(batch["batch_idx"].long(), minlength=bs)
-        counts = per_image.tolist()
-        rank = torch.arange(len(batch["batch_idx"]), device=per_image.device)
-        rank -= (torch.cumsum(per_image, 0) - per_image)[batch["batch_idx"].long()]
-        at = (batch["batch_idx"].long(), rank)
+        img = batch["batch_idx"].long()  # labels come image by image (Ultralytics' collate)
+        counts = torch.bincount(img, minlength=bs).tolist()
+        at = (img, _rank_in_image(img, bs))
         labels = batch["bboxes"].new_zeros(bs, max(counts, default=0), 4)
         label_cls = batch["cls"].new_full((bs, labels.shape[1]), -2.0)
         h, w = batch["img"].shape[2:]
