@@ -32,10 +32,7 @@ ENV = {
     "RAY_DEDUP_LOGS": "0",
     "YOLO_OFFLINE": "1",
     "PYTHONUNBUFFERED": "1",
-    # Ray Train's controller polls its workers every 2 s (Ray's default): a run ends up to 2 s after its last epoch
-    # and waits as long to start. Polling every 0.5 s changes only how soon that is seen (~2.5 s per run, ~30 runs).
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
-}
+}  # (Ray Train's controller polls its workers every 0.5 s: the driver's default, launcher.CONTROLLER_POLL_S)
 ENV.pop("RAY_ADDRESS", None)
 
 

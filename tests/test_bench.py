@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import yolo_ray
 
+from yolo_ray.bench import environment
 from yolo_ray.bench.gpu_sampler import process_tree, variant_mem_mib
 from yolo_ray.bench.throughput import _derive, plan
 from yolo_ray.bench.time_to_accuracy import reached, tta_batches
@@ -124,6 +125,25 @@ def test_time_to_accuracy_in_both_clocks() -> None:
     assert tta_batches(BenchSettings()) == [256]  # throughput mode's batch by default
 
 
+def test_packages_every_process_compiles_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package without bytecode where Python writes none (the GPU image's torch: 29 s of a yolo_ray run's start-up
+    on one H200) is named in the benchmark's JSON and its warning; compiled, or where Python writes bytecode, not."""
+    import py_compile
+
+    pkg = tmp_path / "slowpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert environment.uncompiled(("slowpkg", "no_such_package")) == ["slowpkg"]
+    assert "slowpkg" in environment.warning(["slowpkg"]) and "compileall" in environment.warning(["slowpkg"])
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert environment.uncompiled(("slowpkg",)) == []  # its first import writes the cache
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    py_compile.compile(str(pkg / "__init__.py"))
+    assert environment.uncompiled(("slowpkg",)) == []
+
+
 def test_cpu_bench_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = yolo_ray(
@@ -137,6 +157,7 @@ def test_cpu_bench_runs_end_to_end(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-4000:]
     report = json.loads(out.read_text())
+    assert report["uncompiled_packages"] == []  # scripts/setup.sh compiles the venv as pip would
     rows = {r["name"]: r for r in report["results"]}
     assert set(rows) == {"native-1cpu", "yolo_ray-2cpu", "yolo_ray-device-2cpu", "cpu-step-ceiling-b8"}
     assert all("error" not in r and r["images_per_s"] > 0 for r in rows.values()), rows

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 from yolo_ray import gitinfo
 from yolo_ray import run_layout as layout
-from yolo_ray.bench import coco_eval
+from yolo_ray.bench import coco_eval, environment
 from yolo_ray.bench.parity_paths import DEFAULT_PATHS, PATHS, SHARED_GPU, VAL_CPUS, VALIDATING
 from yolo_ray.bench.parity_report import combine, file_header, mark_contended, merged_results, print_table, summarize
 from yolo_ray.bench.variant_run import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
@@ -319,6 +319,7 @@ def run(p: ParitySettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "machine": platform.node(),
         "gpu_name": torch.cuda.get_device_name(0) if not cpu and torch.cuda.is_available() else None,
         "cpus": os.cpu_count(),
+        "uncompiled_packages": environment.check(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": os.environ.get("YOLO_RAY_COMMIT") or gitinfo.commit(Path(__file__).parent),
         "settings": asdict(p),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from yolo_ray import gitinfo, tasks
+from yolo_ray.bench import environment
 from yolo_ray.bench.step_ceiling import step_ceiling
 from yolo_ray.bench.time_to_accuracy import time_to_accuracy
 from yolo_ray.bench.variant_run import GRAPHS, BenchSettings, device_path, overrides, run_variant
@@ -85,6 +86,7 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "gpus": gpus,
         "gpu_name": torch.cuda.get_device_name(0) if gpus else None,
         "cpus": os.cpu_count(),
+        "uncompiled_packages": environment.check(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": os.environ.get("YOLO_RAY_COMMIT")
         or gitinfo.commit(Path(__file__).parent),  # the GPU machine gets no .git
