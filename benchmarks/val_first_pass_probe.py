@@ -4,9 +4,9 @@
     python benchmarks/val_first_pass_probe.py det|nodet      # deterministic kernels on or off
 
 Prints one JSON line: each pass's seconds and Ultralytics' per-image speeds. On one H200 (2026-12-03) the first
-pass's inference took 12-17 ms an image and the later ones 0.3-0.4: the first pass of a process pays a set-up for
-each new batch shape (Ultralytics' val batches are letterboxed rect, one shape per aspect group), whatever the kernel
-mode."""
+pass's inference took 12-17 ms an image and the later ones 0.3-0.4, whatever the kernel mode. `model.val` letterboxes
+rect batches: 5 shapes on the parity val split. Whether the first pass pays per shape or once per process is the
+case left to run (one square shape)."""
 
 import json
 import sys
