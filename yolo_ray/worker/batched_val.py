@@ -52,11 +52,12 @@ def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *
     boxes = ops.xywh2xyxy(pred[..., :4])[img, anchor].float()
     scores = pred[..., 4:][img, anchor, cls].float()
     cls = cls.float()
-    per_image = torch.bincount(img, minlength=bs).tolist()
+    rows = torch.bincount(img, minlength=bs)
+    per_image = rows.tolist()
     if max(per_image) > max_nms:  # an image's most confident only
         order = scores.argsort(descending=True, stable=True)
         order = order[img[order].argsort(stable=True)]
-        keep = order[_rank_in_image(img[order], bs) < max_nms]
+        keep = order[_rank_in_image(img[order], rows) < max_nms]
         img, boxes, scores, cls = img[keep], boxes[keep], scores[keep], cls[keep]
         per_image = [min(n, max_nms) for n in per_image]
     offset = boxes + cls[:, None] * (0 if agnostic else MAX_WH)  # float32, as upstream
@@ -64,9 +65,10 @@ def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *
     scores64 = scores.double()
     keep = torch.cat([torchvision.ops.nms(moved[a:b], scores64[a:b], iou_thres) + a for a, b in _spans(per_image)])
     keep = keep[img[keep].argsort(stable=True)]  # by image, each in descending score (as each call returns them)
-    rank = _rank_in_image(img[keep], bs)
+    kept = torch.bincount(img[keep], minlength=bs)
+    rank = _rank_in_image(img[keep], kept)
     keep, rank = keep[rank < max_det], rank[rank < max_det]
-    counts = torch.bincount(img[keep], minlength=bs).tolist()
+    counts = kept.clamp(max=max_det).tolist()
     width = max(counts, default=0)
     out_boxes = boxes.new_zeros(bs, width, 4)
     out_conf = scores.new_zeros(bs, width)
@@ -88,9 +90,8 @@ def _spans(per_image: list[int]) -> list[tuple[int, int]]:
     return [*spans, (start, end)]
 
 
-def _rank_in_image(img: torch.Tensor, bs: int) -> torch.Tensor:
-    """Each row's position among its image's rows (img sorted)."""
-    counts = torch.bincount(img, minlength=bs)
+def _rank_in_image(img: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Each row's position among its image's rows (img sorted; counts: each image's rows, the caller's bincount)."""
     return torch.arange(img.numel(), device=img.device) - (torch.cumsum(counts, 0) - counts)[img]
 
 
@@ -160,8 +161,9 @@ class BatchedDetectionValidator(DetectionValidator):
         if self.args.single_cls:
             preds.cls[preds.cls >= 0] = 0
         img = batch["batch_idx"].long()  # labels come image by image (Ultralytics' collate)
-        counts = torch.bincount(img, minlength=bs).tolist()
-        at = (img, _rank_in_image(img, bs))
+        per_image = torch.bincount(img, minlength=bs)
+        counts = per_image.tolist()
+        at = (img, _rank_in_image(img, per_image))
         labels = batch["bboxes"].new_zeros(bs, max(counts, default=0), 4)
         label_cls = batch["cls"].new_full((bs, labels.shape[1]), -2.0)
         h, w = batch["img"].shape[2:]
