@@ -126,8 +126,8 @@ def test_time_to_accuracy_in_both_clocks() -> None:
 
 
 def test_packages_every_process_compiles_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A package without bytecode where Python writes none (the GPU image's torch: 29 s of a yolo_ray run's start-up
-    on one H200) is named in the benchmark's JSON and its warning; compiled, or where Python writes bytecode, not."""
+    """A package without bytecode where Python writes none (the GPU image's torch, compiled by every process of a
+    yolo_ray run) is named in the benchmark's JSON and its warning; compiled, or where Python writes bytecode, not."""
     import py_compile
 
     pkg = tmp_path / "slowpkg"

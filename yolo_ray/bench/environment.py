@@ -3,9 +3,9 @@
 A package installed without byte-compiled files, on a host where Python may not write them
 (PYTHONDONTWRITEBYTECODE, as on the GPU machines' image for its torch), is compiled from source by every process that
 imports it: each of a yolo_ray run's processes (driver, Ray Train's controller, each worker) then pays for it, where
-native Ultralytics' one process pays once. On one H200 that put 29 s into a yolo_ray run's start-up (56.7 s against
-27.6 s with torch compiled; README, Benchmarks). A pip install compiles what it installs; the benchmark says when the
-host's packages are not, so its clocks are read for what they are."""
+native Ultralytics' one process pays once. On one H200 a yolo_ray run's start-up went from 56.7 s to 27.6 s once
+torch was compiled (the second run also found warm caches; README, Benchmarks). A pip install compiles what it
+installs; the benchmark says when the host's packages are not, so its clocks are read for what they are."""
 
 from __future__ import annotations
 
