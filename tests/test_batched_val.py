@@ -114,3 +114,30 @@ def test_metrics_are_ultralytics_validator_on_trained_weights(device_run: Path, 
     assert all(got[k] == pytest.approx(want[k], abs=1e-3) for k in want), (got, want)
     assert got_images == want_images  # each image's TP, FP and FN at IoU 0.5
     assert want["metrics/mAP50-95(B)"] > 0.3  # trained: the matching decides real scores
+
+
+def test_final_eval_validates_in_the_trained_layout_with_the_same_metrics(device_run: Path, shapes: Path) -> None:
+    """final_eval on a GPU reloads best.pt in the layout training validated in (cuDNN's plans for the val shapes are
+    reused instead of rebuilt) and skips AutoBackend's warm-up: the metrics are those of Ultralytics' NCHW reload."""
+    from types import SimpleNamespace
+
+    from ultralytics.nn.autobackend import AutoBackend
+    from ultralytics.nn.tasks import DetectionModel
+
+    from yolo_ray.worker.batched_val import BatchedDetectionValidator
+    from yolo_ray.worker.trainer import _final_val_as_trained
+
+    best = weights(device_run) / "best.pt"
+    args = {"data": str(shapes / "data.yaml"), "imgsz": 128, "batch": 16, "plots": False, "conf": 0.001}
+    nchw = BatchedDetectionValidator(args=dict(args))
+    want = nchw(model=str(best))
+    trained = DetectionModel("yolo11n.yaml", nc=1, verbose=False).to(memory_format=torch.channels_last)
+    validator = BatchedDetectionValidator(args=dict(args))
+    trainer = SimpleNamespace(device=torch.device("cuda"), validator=validator, ema=SimpleNamespace(ema=trained))
+    warmup = AutoBackend.warmup
+    with _final_val_as_trained(trainer):
+        assert validator.args.channels_last is True and AutoBackend.warmup is not warmup
+        got = validator(model=str(best))
+    assert validator.args.channels_last is nchw.args.channels_last and AutoBackend.warmup is warmup  # put back
+    assert all(got[k] == pytest.approx(want[k], abs=1e-3) for k in want), (got, want)
+    assert want["metrics/mAP50-95(B)"] > 0.3

@@ -24,6 +24,7 @@ Must be imported inside the worker, after Ray has set RANK / LOCAL_RANK / WORLD_
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import time
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from yolo_ray import tasks
 from yolo_ray.console import say
 from yolo_ray.worker import batched_val, val_batches
 from yolo_ray.worker.checkpoint_writer import CheckpointWriter, weights_digest
+from yolo_ray.worker.val_thread import OnValThread, ValThread
 from yolo_ray.worker_plan import StreamPlan
 
 
@@ -82,6 +84,7 @@ class RayTrainer(BaseTrainer):
         self.val_async = val_async  # validation beside training (worker/async_val.py); rank 0 holds `async_val`
         self.async_val: Any = None
         self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
+        self.val_thread: ValThread | None = None  # inline validation on a GPU (worker/val_thread.py)
         self.shard_indices: list[int] = []
         super().__init__(overrides=overrides)  # Ultralytics' init_seeds sets the kernel mode from `deterministic`
         if nbs is not None:  # on resume Ultralytics restores nbs from last.pt; the group may have another size now
@@ -94,6 +97,7 @@ class RayTrainer(BaseTrainer):
         self.ddp = False  # never spawn torch.distributed.run: Ray owns the processes
         self.writer = CheckpointWriter(self, BaseTrainer.save_model, keep_for_validation=val_async)
         self.add_callback("on_train_epoch_start", _set_sampler_epoch)
+        self.add_callback("on_train_start", _warm_validation)
 
     def _setup_ddp(self) -> None:
         """Ray already called init_process_group; only pin this worker's device."""
@@ -200,6 +204,8 @@ class RayTrainer(BaseTrainer):
             return dict(self.metrics or {}), None
         started = time.perf_counter()
         try:
+            if self.val_thread is not None:
+                return self.val_thread.run(super().validate)
             return super().validate()
         finally:
             self._val_timed = (self.epoch, time.perf_counter() - started)
@@ -237,15 +243,29 @@ class RayTrainer(BaseTrainer):
             dist.barrier()
         self.in_final_eval = True  # callbacks fired here are not a training epoch
         try:
-            with _cpu_final_val(self), _atomic_strip():
+            with _cpu_final_val(self), _final_val_as_trained(self), _atomic_strip():
                 super().final_eval()
         finally:
             self.in_final_eval = False
+            if self.val_thread is not None:
+                self.val_thread.close()
+                self.val_thread = None
 
     def parameter_digest(self, as_saved: bool = False) -> str:
         """SHA-256 of the trained parameters (not buffers: BN running stats are per rank, as upstream); as_saved:
         rounded to fp16 as last.pt stores them (a resumed model's weights are exactly those values)."""
         return weights_digest(unwrap_model(self.model), as_saved=as_saved)
+
+
+def _warm_validation(trainer: RayTrainer) -> None:
+    """On a GPU, inline validation gets its own thread, which starts building cuDNN's plans for the val shapes now,
+    beside training (worker/val_thread.py). After _setup_train: CUDA graphs are captured (no other thread may launch
+    work during a capture)."""
+    if trainer.device.type != "cuda" or trainer.val_async or trainer.validator is None or trainer.ema is None:
+        return
+    model = copy.deepcopy(unwrap_model(trainer.ema.ema)).eval()  # the EMA's layout; its values do not matter
+    trainer.val_thread = ValThread(trainer.device)
+    trainer.val_thread.warm(model, trainer.validator.dataloader, half=bool(trainer.amp))
 
 
 def _set_sampler_epoch(trainer: RayTrainer) -> None:
@@ -300,6 +320,36 @@ def _cpu_final_val(trainer: RayTrainer) -> Iterator[None]:
             yield
     finally:
         trainer.validator.dataloader, trainer.args.plots = saved
+
+
+@contextlib.contextmanager
+def _final_val_as_trained(trainer: RayTrainer) -> Iterator[None]:
+    """On a GPU, final_eval's model (best.pt, fused) runs in the memory layout training validated in, and without
+    AutoBackend's warm-up.
+
+    cuDNN builds an execution plan per (input shape, memory layout) the first time a process meets one, ~1-2.5 s
+    each for YOLO11n (benchmarks/conv_first_call_probe.py). final_eval validates the same rect batch shapes as the
+    epochs did, so reloading best.pt in the same layout reuses every plan; Ultralytics' default reload is NCHW while
+    training ran channels_last (its own default on CUDA), and its warm-up pass is at (1, 3, imgsz, imgsz), a shape
+    the val batches never have: both only build plans. With a validation thread (worker/val_thread.py) best.pt is
+    validated on it: PyTorch keeps cuDNN's plans per thread."""
+    from ultralytics.nn.autobackend import AutoBackend
+
+    if trainer.device.type != "cuda" or trainer.validator is None:
+        yield
+        return
+    validator, warmup = trainer.validator, AutoBackend.warmup
+    saved = validator.args.channels_last
+    model = unwrap_model(trainer.ema.ema if trainer.ema else trainer.model)
+    validator.args.channels_last = _layout(model) is torch.channels_last
+    AutoBackend.warmup = lambda self, *a, **k: None
+    if getattr(trainer, "val_thread", None) is not None:  # on the thread that holds the epochs' plans
+        trainer.validator = OnValThread(validator, trainer.val_thread)
+    try:
+        yield
+    finally:
+        trainer.validator = validator
+        validator.args.channels_last, AutoBackend.warmup = saved, warmup
 
 
 @contextlib.contextmanager

@@ -1,0 +1,81 @@
+"""Inline validation's own thread (worker/val_thread.py): the warm pass and every validation run on one thread (PyTorch
+keeps cuDNN's plans per thread), a failed warm pass costs nothing but its head start."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from yolo_ray.worker.val_thread import OnValThread, ValThread
+
+
+class _Recorder(nn.Module):
+    """A model that records the thread, shape and value range of every input."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.fail, self.seen = fail, []
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise RuntimeError("no plan for this shape")
+        self.seen.append((threading.get_ident(), tuple(img.shape), float(img.max())))
+        return img.mean()
+
+
+def _batches() -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    shapes = [(4, 3, 64, 48), (4, 3, 48, 64), (2, 3, 64, 64)]  # rect batches of several shapes
+    return [{"img": torch.randint(0, 256, s, dtype=torch.uint8, generator=g), "im_file": ["x"] * s[0]} for s in shapes]
+
+
+def test_warm_pass_and_every_validation_run_on_one_thread() -> None:
+    thread, model, batches = ValThread(torch.device("cpu")), _Recorder(), _batches()
+    try:
+        thread.warm(model, batches, half=False)
+        idents = {thread.run(threading.get_ident) for _ in range(3)}  # waits for the warm pass first
+        assert [s for _, s, _ in model.seen] == [tuple(b["img"].shape) for b in batches]  # every batch, in order
+        assert {i for i, _, _ in model.seen} == idents == {thread.ident} != {threading.get_ident()}
+        assert all(0.9 < top <= 1.0 for _, _, top in model.seen)  # images as the validator feeds them: uint8 / 255
+        assert thread.warm_s is not None and thread.waited_s >= 0
+        assert thread.run(lambda: thread.run(lambda: 7)) == 7  # a validation that validates does not wait on itself
+    finally:
+        thread.close()
+
+
+def test_a_failed_warm_pass_does_not_stop_validation(capsys: pytest.CaptureFixture[str]) -> None:
+    thread = ValThread(torch.device("cpu"))
+    try:
+        thread.warm(_Recorder(fail=True), _batches(), half=False)
+        assert thread.run(lambda x: x + 1, 1) == 2
+        assert "warming validation failed (RuntimeError: no plan for this shape)" in capsys.readouterr().out
+        with pytest.raises(ZeroDivisionError):  # validation's own errors reach the training thread
+            thread.run(lambda: 1 / 0)
+    finally:
+        thread.close()
+
+
+class _Validator:
+    def __init__(self) -> None:
+        self.args, self.calls = SimpleNamespace(plots=True), []
+
+    def __call__(self, **kwargs: object) -> int:
+        self.calls.append(kwargs)
+        return threading.get_ident()
+
+
+def test_final_evals_validator_is_called_on_the_thread() -> None:
+    thread, validator = ValThread(torch.device("cpu")), _Validator()
+    try:
+        proxy = OnValThread(validator, thread)
+        proxy.args.plots = False  # what final_eval sets on it
+        proxy.metrics = {"x": 1}
+        assert proxy(model="best.pt") == thread.ident
+        assert validator.calls == [{"model": "best.pt"}] and validator.metrics == {"x": 1}
+        assert validator.args.plots is False
+    finally:
+        thread.close()
