@@ -10,7 +10,7 @@ second model instance on the same shapes (is the cost per model or per process?)
 `nocudnn` turns cuDNN off (is the cost cuDNN's?), `benchmark` turns its autotuner on, `lru0` is `default` with
 TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT=0 set by the caller (no eviction of cuDNN's execution plans). `thread` runs the
 shapes on another thread first, then times the main thread's first calls (are the plans per thread?; PyTorch's
-cache of them is thread_local, which worker/val_thread.py relies on). Prints one JSON line.
+cache of them is thread_local, which worker/inline_val_thread.py relies on). Prints one JSON line.
 """
 
 import copy

@@ -43,7 +43,7 @@ from yolo_ray import tasks
 from yolo_ray.console import say
 from yolo_ray.worker import batched_val, val_batches
 from yolo_ray.worker.checkpoint_writer import CheckpointWriter, weights_digest
-from yolo_ray.worker.val_thread import OnValThread, ValThread
+from yolo_ray.worker.inline_val_thread import InlineValThread, OnInlineValThread
 from yolo_ray.worker_plan import StreamPlan
 
 
@@ -84,7 +84,7 @@ class RayTrainer(BaseTrainer):
         self.val_async = val_async  # validation beside training (worker/async_val.py); rank 0 holds `async_val`
         self.async_val: Any = None
         self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
-        self.val_thread: ValThread | None = None  # inline validation on a GPU (worker/val_thread.py)
+        self.val_thread: InlineValThread | None = None  # inline validation on a GPU (worker/inline_val_thread.py)
         self.shard_indices: list[int] = []
         super().__init__(overrides=overrides)  # Ultralytics' init_seeds sets the kernel mode from `deterministic`
         if nbs is not None:  # on resume Ultralytics restores nbs from last.pt; the group may have another size now
@@ -259,12 +259,12 @@ class RayTrainer(BaseTrainer):
 
 def _warm_validation(trainer: RayTrainer) -> None:
     """On a GPU, inline validation gets its own thread, which starts building cuDNN's plans for the val shapes now,
-    beside training (worker/val_thread.py). After _setup_train: CUDA graphs are captured (no other thread may launch
-    work during a capture)."""
+    beside training (worker/inline_val_thread.py). After _setup_train: CUDA graphs are captured (no other thread
+    may launch work during a capture)."""
     if trainer.device.type != "cuda" or trainer.val_async or trainer.validator is None or trainer.ema is None:
         return
     model = copy.deepcopy(unwrap_model(trainer.ema.ema)).eval()  # the EMA's layout; its values do not matter
-    trainer.val_thread = ValThread(trainer.device)
+    trainer.val_thread = InlineValThread(trainer.device)
     trainer.val_thread.warm(model, trainer.validator.dataloader, half=bool(trainer.amp))
 
 
@@ -331,8 +331,8 @@ def _final_val_as_trained(trainer: RayTrainer) -> Iterator[None]:
     each for YOLO11n (benchmarks/conv_first_call_probe.py). final_eval validates the same rect batch shapes as the
     epochs did, so reloading best.pt in the same layout reuses every plan; Ultralytics' default reload is NCHW while
     training ran channels_last (its own default on CUDA), and its warm-up pass is at (1, 3, imgsz, imgsz), a shape
-    the val batches never have: both only build plans. With a validation thread (worker/val_thread.py) best.pt is
-    validated on it: PyTorch keeps cuDNN's plans per thread."""
+    the val batches never have: both only build plans. With a validation thread (worker/inline_val_thread.py)
+    best.pt is validated on it: PyTorch keeps cuDNN's plans per thread."""
     from ultralytics.nn.autobackend import AutoBackend
 
     if trainer.device.type != "cuda" or trainer.validator is None:
@@ -344,7 +344,7 @@ def _final_val_as_trained(trainer: RayTrainer) -> Iterator[None]:
     validator.args.channels_last = _layout(model) is torch.channels_last
     AutoBackend.warmup = lambda self, *a, **k: None
     if getattr(trainer, "val_thread", None) is not None:  # on the thread that holds the epochs' plans
-        trainer.validator = OnValThread(validator, trainer.val_thread)
+        trainer.validator = OnInlineValThread(validator, trainer.val_thread)
     try:
         yield
     finally:

@@ -1,5 +1,5 @@
-"""Inline validation's own thread (worker/val_thread.py): the warm pass and every validation run on one thread (PyTorch
-keeps cuDNN's plans per thread), a failed warm pass costs nothing but its head start."""
+"""Inline validation's own thread (worker/inline_val_thread.py): the warm pass and every validation run on one
+thread (PyTorch keeps cuDNN's plans per thread), a failed warm pass costs nothing but its head start."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from yolo_ray.worker.val_thread import OnValThread, ValThread
+from yolo_ray.worker.inline_val_thread import InlineValThread, OnInlineValThread
 
 
 class _Recorder(nn.Module):
@@ -34,7 +34,7 @@ def _batches() -> list[dict]:
 
 
 def test_warm_pass_and_every_validation_run_on_one_thread() -> None:
-    thread, model, batches = ValThread(torch.device("cpu")), _Recorder(), _batches()
+    thread, model, batches = InlineValThread(torch.device("cpu")), _Recorder(), _batches()
     try:
         thread.warm(model, batches, half=False)
         idents = {thread.run(threading.get_ident) for _ in range(3)}  # waits for the warm pass first
@@ -48,7 +48,7 @@ def test_warm_pass_and_every_validation_run_on_one_thread() -> None:
 
 
 def test_a_failed_warm_pass_does_not_stop_validation(capsys: pytest.CaptureFixture[str]) -> None:
-    thread = ValThread(torch.device("cpu"))
+    thread = InlineValThread(torch.device("cpu"))
     try:
         thread.warm(_Recorder(fail=True), _batches(), half=False)
         assert thread.run(lambda x: x + 1, 1) == 2
@@ -69,9 +69,9 @@ class _Validator:
 
 
 def test_final_evals_validator_is_called_on_the_thread() -> None:
-    thread, validator = ValThread(torch.device("cpu")), _Validator()
+    thread, validator = InlineValThread(torch.device("cpu")), _Validator()
     try:
-        proxy = OnValThread(validator, thread)
+        proxy = OnInlineValThread(validator, thread)
         proxy.args.plots = False  # what final_eval sets on it
         proxy.metrics = {"x": 1}
         assert proxy(model="best.pt") == thread.ident

@@ -26,7 +26,7 @@ from yolo_ray.console import say
 T = TypeVar("T")
 
 
-class ValThread:
+class InlineValThread:
     """One thread that runs every validation of this worker, warmed once by `warm`."""
 
     def __init__(self, device: torch.device):
@@ -82,11 +82,11 @@ class ValThread:
         self.warm_s = time.perf_counter() - started
 
 
-class OnValThread:
+class OnInlineValThread:
     """A validator whose calls run on `thread` (final_eval calls trainer.validator directly); everything else is the
     validator's."""
 
-    def __init__(self, validator: Any, thread: ValThread):
+    def __init__(self, validator: Any, thread: InlineValThread):
         self.__dict__.update(validator=validator, thread=thread)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
