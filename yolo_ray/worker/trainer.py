@@ -327,7 +327,7 @@ def _final_val_as_trained(trainer: RayTrainer) -> Iterator[None]:
     """On a GPU, final_eval's model (best.pt, fused) runs in the memory layout training validated in, and without
     AutoBackend's warm-up.
 
-    cuDNN builds an execution plan per (input shape, memory layout) the first time a process meets one, ~1-2.5 s
+    cuDNN builds an execution plan per (input shape, memory layout) the first time a thread meets one, ~1-2.5 s
     each for YOLO11n (benchmarks/conv_first_call_probe.py). final_eval validates the same rect batch shapes as the
     epochs did, so reloading best.pt in the same layout reuses every plan; Ultralytics' default reload is NCHW while
     training ran channels_last (its own default on CUDA), and its warm-up pass is at (1, 3, imgsz, imgsz), a shape
