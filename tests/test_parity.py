@@ -13,7 +13,7 @@ import pytest
 from conftest import ENV, yolo_ray
 
 from yolo_ray.bench import parity as harness
-from yolo_ray.config import ConfigError
+from yolo_ray.config import ConfigError, parse_overrides
 
 LOSSES = ("train/box_loss", "train/cls_loss", "train/dfl_loss")
 
@@ -128,6 +128,21 @@ def test_named_runs_and_their_order() -> None:
         harness.plan(harness.ParitySettings(runs="graphs-30-s1"), cpu=False)
     with pytest.raises(ConfigError, match="graphs"):
         harness.plan(harness.ParitySettings(runs="graphs-e2-s0"), cpu=True)
+
+
+def test_a_variant_is_labelled_and_its_overrides_win() -> None:
+    """overrides= changes every run of the call (after the benchmark's own settings, so they win) and label= keeps
+    those runs apart from the path's own in names and table rows; overrides without a label are refused."""
+    p = harness.ParitySettings(
+        runs="throughput-e30-s0", overrides="train.optimizer=AdamW train.lr0=0.002", label="adamw"
+    )
+    (entry,) = harness.plan(p, cpu=False)
+    assert entry.name == "throughput+adamw-e30-s0" and entry.variant == "throughput+adamw"
+    args = [*entry.args, *harness._overrides(p, entry)]
+    assert args[-2:] == ["train.optimizer=AdamW", "train.lr0=0.002"] and "train.lr0=0.04" in args
+    assert parse_overrides(args)["train"]["lr0"] == 0.002  # the later value is the one trained with
+    with pytest.raises(ConfigError, match="label"):
+        harness.plan(harness.ParitySettings(runs="throughput-e30-s0", overrides="train.lr0=0.02"), cpu=False)
 
 
 def test_runs_at_once_stay_within_the_gpu_memory_budget() -> None:

@@ -57,6 +57,10 @@ class ParitySettings:
     # runs join the table and are not run again, unless `runs` names them (a re-run replaces it and is compared)
     merge: str = ""
     data: str = ""  # a data.yaml to train on instead of the generated set (e.g. benchmarks/link_dataset.py's)
+    # a variant of every run of this call: config overrides after the benchmark's own ("train.optimizer=AdamW
+    # train.lr0=0.002"), and the label its runs and table rows carry (`throughput+adamw-e30-s0`, `throughput+adamw`)
+    overrides: str = ""
+    label: str = ""
 
     @classmethod
     def cpu(cls) -> ParitySettings:
@@ -87,10 +91,15 @@ class Entry(NamedTuple):
     seed: int
     args: list[str]  # the path's CLI arguments
     batch: int  # images per device
+    label: str = ""  # a variant's (ParitySettings.overrides)
+
+    @property
+    def variant(self) -> str:
+        return f"{self.path}+{self.label}" if self.label else self.path
 
     @property
     def name(self) -> str:
-        return f"{self.path}-e{self.epochs}-s{self.seed}"
+        return f"{self.variant}-e{self.epochs}-s{self.seed}"
 
 
 RUN_NAME = re.compile(r"^(?P<path>[a-z]+)-e(?P<epochs>\d+)-s(?P<seed>\d+)$")
@@ -101,6 +110,13 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
     interleaved within a seed (a drift of the shared host over the call then falls on no one path)."""
     if p.runs == "none":  # only the table of merged files
         return []
+    if str(p.overrides).strip() and not re.fullmatch(r"[a-z0-9_.]+", str(p.label)):
+        raise ConfigError(
+            "yolo-ray bench --parity",
+            "label",
+            f"{p.label!r} cannot name runs with overrides={p.overrides!r}: they are not the path's own runs.",
+            "add label=NAME (lower-case letters, digits, `_` or `.`), e.g. label=adamw.",
+        )
     if p.runs:
         wanted = []
         for name in p.listed("runs"):
@@ -140,7 +156,7 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
     for path, epochs, seed in wanted:
         batch = p.throughput_batch_per_gpu if path == "throughput" else p.batch_per_gpu
         extra = [f"train.lr0={throughput_lr0(batch)}"] if path == "throughput" else []
-        out.append(Entry(path, epochs, seed, [*args[path], *extra], batch))
+        out.append(Entry(path, epochs, seed, [*args[path], *extra], batch, str(p.label)))
     return out
 
 
@@ -182,6 +198,7 @@ def _overrides(p: ParitySettings, entry: Entry) -> list[str]:
         f"scaling.cpus_per_worker={cpus}",
         f"run.storage_path={p.out_dir}",
         f"run.name={name}",
+        *str(p.overrides).split(),  # last: a variant's settings win
     ]
 
 
@@ -202,7 +219,7 @@ def run_one(
     started = time.time()
     row = run_variant(bench, entry.name, args, 1, env, entry.batch)
     out: dict[str, Any] = {
-        "path": entry.path,
+        "path": entry.variant,
         "epochs": entry.epochs,
         "seed": entry.seed,
         "batch_per_gpu": entry.batch,
