@@ -137,7 +137,7 @@ def test_a_variant_is_labelled_and_its_overrides_win() -> None:
         runs="throughput-e30-s0", overrides="train.optimizer=AdamW train.lr0=0.002", label="adamw"
     )
     (entry,) = harness.plan(p, cpu=False)
-    assert entry.name == "throughput+adamw-e30-s0" and entry.variant == "throughput+adamw"
+    assert entry.name == "throughput.adamw-e30-s0" and entry.variant == "throughput.adamw"
     args = [*entry.args, *harness._overrides(p, entry)]
     assert args[-2:] == ["train.optimizer=AdamW", "train.lr0=0.002"] and "train.lr0=0.04" in args
     assert parse_overrides(args)["train"]["lr0"] == 0.002  # the later value is the one trained with

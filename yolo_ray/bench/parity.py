@@ -58,7 +58,7 @@ class ParitySettings:
     merge: str = ""
     data: str = ""  # a data.yaml to train on instead of the generated set (e.g. benchmarks/link_dataset.py's)
     # a variant of every run of this call: config overrides after the benchmark's own ("train.optimizer=AdamW
-    # train.lr0=0.002"), and the label its runs and table rows carry (`throughput+adamw-e30-s0`, `throughput+adamw`)
+    # train.lr0=0.002"), and the label its runs and table rows carry (`throughput.adamw-e30-s0`, `throughput.adamw`)
     overrides: str = ""
     label: str = ""
 
@@ -95,7 +95,7 @@ class Entry(NamedTuple):
 
     @property
     def variant(self) -> str:
-        return f"{self.path}+{self.label}" if self.label else self.path
+        return f"{self.path}.{self.label}" if self.label else self.path
 
     @property
     def name(self) -> str:
