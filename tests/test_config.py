@@ -46,6 +46,7 @@ def test_coco_recipe_is_the_4gpu_recipe() -> None:
         (["train.batch=33", "scaling.num_workers=2"], "train.batch", "multiple of 2"),
         (["train.accumulate=0"], "train.accumulate", "must be >= 1"),
         (["train.imgsz=100"], "train.imgsz", "multiple of 32"),
+        (["train.grad_clip=-1"], "train.grad_clip", "norm >= 0"),
         (["train.extra.mosiac=0.5"], "train.extra.mosiac", "mosaic"),
         (["scaling.placement_strategy=EVERYWHERE"], "scaling.placement_strategy", "STRICT_SPREAD"),
         (["scaling.cpus_per_worker=0"], "scaling.cpus_per_worker", "must be > 0"),
@@ -89,6 +90,13 @@ def test_cli_bad_yaml_file_names_file_and_key(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: yolo11n.yaml\ntrian:\n  epochs: 3\n")
     _assert_clean_error(yolo_ray("train", str(bad), cwd=tmp_path), str(bad), "trian", "did you mean `train`")
+
+
+def test_cli_native_refuses_a_clip_it_cannot_apply(tmp_path: Path) -> None:
+    """Ultralytics' own trainer clips at a fixed 10.0: --native with another train.grad_clip exits 2, untrained."""
+    proc = yolo_ray("train", "--native", "train.grad_clip=40", cwd=tmp_path)
+    _assert_clean_error(proc, "train.grad_clip", "always clips at 10.0", "without --native")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_cli_missing_dataset(tmp_path: Path) -> None:

@@ -108,6 +108,9 @@ def test_it_learns(ddp_run: Path) -> None:
     assert summary["world_size"] == 2 and summary["nodes"] == 1
     assert summary["final"]["mAP50"] >= 0.5, summary
     assert history[-1]["train/box_loss"] < history[0]["train/box_loss"]
+    # every optimizer step's gradient norm, before Ultralytics' clip at 10.0 (384 images, 16 a step: 24 steps)
+    assert all(h["grad_norm_steps"] == 24 and 0 <= h["grad_clipped_share"] <= 1 for h in history), history
+    assert all(0 < h["grad_norm_mean"] <= h["grad_norm_max"] < math.inf for h in history)
     # every epoch validated, and says what that cost: in all, and Ultralytics' per-image phases within it
     assert all(0 < h["val_ms_per_image/inference"] * 1e-3 < h["val_s"] < h["epoch_time_s"] for h in history)
     assert Path(summary["best_weights"]).is_file() and Path(summary["checkpoint"], "last.pt").is_file()

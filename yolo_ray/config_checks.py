@@ -103,6 +103,10 @@ def check_static(cfg: ExperimentConfig) -> None:
 
 def _check_train(cfg: ExperimentConfig) -> None:
     s, t = cfg.source, cfg.train
+    if not t.grad_clip >= 0:  # NaN too
+        raise ConfigError(
+            s, "train.grad_clip", f"must be a norm >= 0, got {t.grad_clip}.", "set e.g. 10.0 (Ultralytics'), or 0."
+        )
     if t.epochs < 1:
         raise ConfigError(s, "train.epochs", f"must be >= 1, got {t.epochs}.", "set train.epochs to 1 or more.")
     if t.imgsz > MAX_IMGSZ:

@@ -68,6 +68,9 @@ class TrainSection:
     momentum: float = 0.937
     weight_decay: float = 0.0005
     warmup_epochs: float = 3.0
+    # the gradients' largest norm, clipped before each optimizer step (Ultralytics' fixed 10.0; its loss sums over
+    # the batch, so the norm grows with the images per step); 0: never clipped. Each epoch records the norms.
+    grad_clip: float = 10.0
     cos_lr: bool = False
     amp: bool = True
     sync_bn: bool = False

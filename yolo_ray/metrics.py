@@ -47,6 +47,8 @@ def epoch_metrics(trainer: Any, train_seconds: float, resumed_from: int | None) 
     if getattr(trainer, "val_seconds", None) is not None:  # Ultralytics' per-image phases, and the whole of it
         out["val_s"] = float(trainer.val_seconds)
         out.update({f"val_ms_per_image/{k}": float(v) for k, v in trainer.validator.speed.items()})
+    if getattr(trainer, "grad_norms", None) is not None:  # the epoch's gradient norms before clipping
+        out.update(trainer.grad_norms.epoch_summary())
     out["world_size"] = world = int(max(trainer.world_size, 1))
     # this group's split of the global batch (batch_plan): an elastic group's changes with its size, not the step's
     out["per_worker_batch"] = trainer.batch_size // world

@@ -65,6 +65,7 @@ class WorkerPlan:
     sync_bn: bool = False
     channels_last: bool = False
     cuda_graphs: bool = False
+    grad_clip: float = 10.0  # train.grad_clip (worker/grad_norms.py)
     profile_steps: int = 0
     fault: FaultPlan = field(default_factory=FaultPlan)
     val_async: ValAsyncSettings | None = None  # None: inline validation

@@ -112,6 +112,7 @@ def _trainer(plan: WorkerPlan, overrides: dict[str, Any], device: torch.device, 
         device_cache=plan.device_cache,
         channels_last=plan.channels_last,
         cuda_graphs=plan.cuda_graphs,
+        grad_clip=plan.grad_clip,
         val_async=plan.val_async is not None,
         stream=plan.stream,
     )

@@ -16,7 +16,9 @@ gathered to rank 0, rank-0-only saving, the early-stop broadcast. What changes:
   (worker/checkpoint_writer.py), not on the training thread while every rank waits;
 - optionally the train loader is yolo_ray's DeviceLoader (decoded images on the device, batched augmentation there),
   the model and inputs use channels_last memory, and the model's forward and backward replay CUDA graphs (through
-  Ultralytics' seam for compiled models: `attempt_compile` returns the wrapper, the loop computes the loss apart).
+  Ultralytics' seam for compiled models: `attempt_compile` returns the wrapper, the loop computes the loss apart);
+- the gradients are clipped at train.grad_clip (Ultralytics' fixed 10.0 by default) and each step's norm is kept
+  for the epoch's record (worker/grad_norms.py).
 
 Must be imported inside the worker, after Ray has set RANK / LOCAL_RANK / WORLD_SIZE.
 """
@@ -43,6 +45,7 @@ from yolo_ray import tasks
 from yolo_ray.console import say
 from yolo_ray.worker import batched_val, val_batches
 from yolo_ray.worker.checkpoint_writer import CheckpointWriter, weights_digest
+from yolo_ray.worker.grad_norms import ULTRALYTICS_MAX_NORM, GradNorms
 from yolo_ray.worker.inline_val_thread import InlineValThread, OnInlineValThread
 from yolo_ray.worker_plan import StreamPlan
 
@@ -70,6 +73,7 @@ class RayTrainer(BaseTrainer):
         device_cache: str = "auto",
         channels_last: bool = False,
         cuda_graphs: bool = False,
+        grad_clip: float = ULTRALYTICS_MAX_NORM,
         val_async: bool = False,
         stream: StreamPlan | None = None,
     ):
@@ -81,6 +85,7 @@ class RayTrainer(BaseTrainer):
         self.channels_last = channels_last
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.in_final_eval = False
+        self.grad_norms = GradNorms(grad_clip)  # each step's clipping and norm (worker/grad_norms.py)
         self.val_async = val_async  # validation beside training (worker/async_val.py); rank 0 holds `async_val`
         self.async_val: Any = None
         self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
@@ -97,6 +102,7 @@ class RayTrainer(BaseTrainer):
         self.ddp = False  # never spawn torch.distributed.run: Ray owns the processes
         self.writer = CheckpointWriter(self, BaseTrainer.save_model, keep_for_validation=val_async)
         self.add_callback("on_train_epoch_start", _set_sampler_epoch)
+        self.add_callback("on_train_epoch_start", lambda t: t.grad_norms.norms.clear())  # rank 0 reads them
         self.add_callback("on_train_start", _warm_validation)
 
     def _setup_ddp(self) -> None:
@@ -187,6 +193,11 @@ class RayTrainer(BaseTrainer):
         model = super().get_model(cfg, weights, verbose)
         # channels_last before the DDP wrap and EMA copy, so both inherit it (cuDNN's fast NHWC kernels under AMP)
         return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
+    def optimizer_step(self) -> None:
+        """Ultralytics' step, clipping at train.grad_clip and keeping the norm it measured."""
+        with self.grad_norms.clipping():
+            super().optimizer_step()
 
     def preprocess_batch(self, batch: dict) -> dict:
         batch = super().preprocess_batch(batch)

@@ -1,0 +1,61 @@
+"""Gradient clipping at train.grad_clip, and each step's gradient norm before it, summarised once an epoch.
+
+Ultralytics' optimizer_step clips the unscaled gradients to a norm of 10.0 (fixed) and drops the norm that
+`torch.nn.utils.clip_grad_norm_` returns. Its loss is a sum over the batch's images, so the gradient norm grows with
+the images per step: a limit that rarely binds at 64 images can bind at 256 and shorten the steps a scaled
+learning rate meant to take. `GradNorms.clipping()` wraps that one call for the length of an optimizer step:
+it clips at the configured norm (0: not at all) and keeps the norm on the device, so a step never waits for it;
+`epoch_summary` reads them all at the epoch's end (one synchronisation an epoch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+ULTRALYTICS_MAX_NORM = 10.0  # BaseTrainer.optimizer_step's fixed limit
+
+
+class GradNorms:
+    def __init__(self, max_norm: float = ULTRALYTICS_MAX_NORM):
+        self.max_norm = float(max_norm) if max_norm else math.inf  # 0: measured, never clipped
+        self.norms: list[torch.Tensor] = []
+
+    @contextlib.contextmanager
+    def clipping(self) -> Iterator[None]:
+        """Within: torch.nn.utils.clip_grad_norm_ clips at max_norm whatever limit its caller passed, and keeps the
+        norm it returns (the total before clipping)."""
+        utils = torch.nn.utils
+        original = utils.clip_grad_norm_
+
+        def clip(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:
+            norm = original(parameters, self.max_norm, *args, **kwargs)
+            self.norms.append(norm.detach())
+            return norm
+
+        utils.clip_grad_norm_ = clip
+        try:
+            yield
+        finally:
+            utils.clip_grad_norm_ = original
+
+    def epoch_summary(self) -> dict[str, float]:
+        """The epoch's steps: mean and largest gradient norm before clipping, and the share of steps clipped.
+        Steps whose gradients overflowed under AMP (the scaler skips them) are left out. Clears the record."""
+        if not self.norms:
+            return {}
+        norms = torch.stack([n.float().reshape(()) for n in self.norms]).cpu()
+        self.norms.clear()
+        finite = norms[torch.isfinite(norms)]
+        if finite.numel() == 0:
+            return {"grad_norm_steps": 0}
+        return {
+            "grad_norm_mean": float(finite.mean()),
+            "grad_norm_max": float(finite.max()),
+            "grad_clipped_share": float((finite > self.max_norm).float().mean()),
+            "grad_norm_steps": int(finite.numel()),
+        }
