@@ -70,12 +70,14 @@ def test_one_run_with_params_metrics_and_artifacts(ddp_run: Path, mlflow_server:
         "time/val_s",
         "time/val_ms_per_image/postprocess",
         "speed/images_per_s",
+        "optim/grad_norm_mean",
+        "optim/grad_clipped_share",
     ):
         assert _steps(client, run.info.run_id, metric) == list(range(1, LEARN_EPOCHS + 1)), metric
     # grouped as Ultralytics' results.csv is; nothing that only restates the run (the step, a first attempt's
     # resumed_from_epoch -1, fitness = mAP50-95, the world size param, a CPU run's GPU memory 0)
     groups = {k.split("/")[0] for k in run.data.metrics}
-    assert groups == {"metrics", "train", "val", "lr", "time", "speed", "final"}, run.data.metrics.keys()
+    assert groups == {"metrics", "train", "val", "lr", "time", "speed", "optim", "final"}, run.data.metrics.keys()
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     artifacts |= {a.path for d in ("results", "weights") for a in client.list_artifacts(run.info.run_id, d)}
     for name in (

@@ -21,7 +21,8 @@ def add(sub: Any) -> None:
         "throughput) over several seeds on real-shaped data, scored by Ultralytics and by pycocotools; options "
         "model= imgsz= images= classes= epochs=10,30 seeds=0,1,2 paths= batch_per_gpu= close_mosaic= workers= "
         "runs=graphs-e30-s1,... (named runs; none: no run) parallel=N (runs at once) merge=FILE[:path+path],... "
-        "(earlier results join the table; missing runs are run).",
+        "(earlier results join the table; missing runs are run) overrides='KEY=VALUE ...' label=NAME (a variant of "
+        "every run: path.NAME-eE-sS).",
     )
     b.add_argument("options", nargs="*", metavar="key=value")
     b.add_argument("--cpu", action="store_true", help="a tiny CPU configuration (CI): proves it runs, no targets")

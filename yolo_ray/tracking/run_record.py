@@ -102,7 +102,8 @@ def describe(cfg: ExperimentConfig, workers: int | None) -> str:
 
 
 # history.jsonl's keys as the MLflow run shows them, grouped as Ultralytics' results.csv groups them (metrics/,
-# train/, val/, lr/) with timings under time/; MLflow sorts keys, so a group reads together in the UI.
+# train/, val/, lr/) with timings under time/ and gradient norms under optim/; MLflow sorts keys, so a group reads
+# together in the UI.
 METRIC_NAMES = {
     **{k: f"metrics/{k}" for k in SCORES},  # every task's: mAP50-95, mask_mAP50-95, pose_mAP50-95, top1, ...
     "epoch_time_s": "time/epoch_s",  # Ultralytics' epoch_time: training and the end of the epoch
@@ -114,6 +115,8 @@ METRIC_NAMES = {
     "checkpoint_write_s": "time/checkpoint_write_s",
     "images_per_s": "speed/images_per_s",
     "gpu_mem_peak_gib": "system/gpu_mem_peak_gib",
+    # the optimizer steps' gradient norms before clipping (worker/grad_norms.py)
+    **{k: f"optim/{k}" for k in ("grad_norm_mean", "grad_norm_max", "grad_clipped_share", "grad_norm_steps")},
 }
 # Not metrics: the step itself, Ultralytics' fitness (its mAP50-95 for detection)
 NOT_METRICS = ("epoch", "fitness", "time")
