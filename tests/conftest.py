@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -443,3 +444,10 @@ def kill_node() -> int:
         except ProcessLookupError:
             pass
     return len(pids)
+
+
+def trainer_overrides(data: Path, project: Path, name: str, **changes: Any) -> dict[str, Any]:
+    """Ultralytics' train arguments for a trainer built in the test's process: yolo11n at 64 px, 8 a batch, CPU."""
+    base = {"model": "yolo11n.yaml", "data": str(data / "data.yaml"), "epochs": 2, "imgsz": 64, "batch": 8}
+    base |= {"workers": 0, "amp": False, "plots": False, "close_mosaic": 0, "device": "cpu"}
+    return {**base, "project": str(project), "name": name, **changes}

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import trainer_overrides
 
 from yolo_ray import ultralytics_env
 from yolo_ray.worker.checkpoint_writer import weights_digest
@@ -45,20 +46,7 @@ def test_background_save_is_ultralytics_checkpoint(device: str, shapes_small: Pa
 
     from yolo_ray.worker.trainer import trainer_class
 
-    overrides = {
-        "model": "yolo11n.yaml",
-        "data": str(shapes_small / "data.yaml"),
-        "epochs": 2,
-        "imgsz": 64,
-        "batch": 8,
-        "workers": 0,
-        "amp": False,
-        "plots": False,
-        "close_mosaic": 0,
-        "project": str(tmp_path),
-        "name": "run",
-        "device": "cpu" if device == "cpu" else "0",
-    }
+    overrides = trainer_overrides(shapes_small, tmp_path, "run", device="cpu" if device == "cpu" else "0")
     trainer = trainer_class("detect")(
         overrides, device=torch.device(device, 0) if device == "cuda" else torch.device(device), world_size=1
     )

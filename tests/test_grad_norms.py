@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import trainer_overrides
 from torch import nn
 
 from yolo_ray import ultralytics_env
@@ -56,23 +57,10 @@ def _train_one_epoch(shapes_small: Path, tmp_path: Path, grad_clip: float) -> tu
     ultralytics_env.setup()
     from yolo_ray.worker.trainer import trainer_class
 
-    overrides = {
-        "model": "yolo11n.yaml",
-        "data": str(shapes_small / "data.yaml"),
-        "epochs": 1,
-        "imgsz": 64,
-        "batch": 8,
-        "nbs": 8,  # an optimizer step every batch
-        "warmup_epochs": 0,
-        "workers": 0,
-        "amp": False,
-        "plots": False,
-        "val": False,
-        "close_mosaic": 0,
-        "project": str(tmp_path),
-        "name": f"clip{grad_clip}",
-        "device": "cpu",
-    }
+    # one epoch, an optimizer step every batch from the first
+    overrides = trainer_overrides(
+        shapes_small, tmp_path, f"clip{grad_clip}", epochs=1, nbs=8, warmup_epochs=0, val=False
+    )
     trainer = trainer_class("detect")(overrides, device=torch.device("cpu"), world_size=1, grad_clip=grad_clip)
     seen: dict[str, Any] = {}
     trainer.add_callback("on_train_epoch_end", lambda t: seen.update(first=t.grad_norms.norms[0].item()))
