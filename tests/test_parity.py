@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,6 +16,7 @@ import pytest
 from conftest import ENV, yolo_ray
 
 from yolo_ray.bench import parity as harness
+from yolo_ray.bench.run_ledger import RunLedger
 from yolo_ray.config import ConfigError, parse_overrides
 
 LOSSES = ("train/box_loss", "train/cls_loss", "train/dfl_loss")
@@ -185,6 +189,29 @@ def test_clocks_count_only_from_runs_that_had_the_machine_alone() -> None:
     assert graphs["timed_seeds"] == [] and graphs["wall_s"] is None  # both contended: no clock at all
     assert graphs["vs_native_mAP50-95"] == pytest.approx(-0.015) and graphs["at_parity"] is False
     assert graphs["vs_native_paired"]["n"] == 1 and graphs["vs_native_paired"]["mean"] == pytest.approx(-0.01)
+
+
+def test_a_run_of_another_benchmark_call_makes_clocks_contended(tmp_path: Path) -> None:
+    """Two `bench --parity` calls at once on one host: each call's runs see the other's through the shared ledger.
+    A run still going counts while its process lives; one whose process died without an end line does not."""
+    path = tmp_path / "ledger.jsonl"
+    ours, theirs = RunLedger(path), RunLedger(path, pid=os.getppid())  # the other call: a process that lives
+    ours.started("graphs-e30-s0", 0), ours.ended("graphs-e30-s0", 10)
+    theirs.started("native-e30-s0", 5), theirs.ended("native-e30-s0", 8)
+    theirs.started("throughput-e30-s0", 20)  # still running
+    with subprocess.Popen([sys.executable, "-c", "pass"]) as gone:
+        pass
+    RunLedger(path, pid=gone.pid).started("device-e30-s0", 30)  # killed: never ended
+    with path.open("a") as f:
+        f.write('{"pid": 1, "na')  # a line cut short
+    assert sorted(ours.others(now=50)) == [(5.0, 8.0), (20.0, 50.0)]
+    rows = [
+        _row("graphs-e30-s0", 0.69, 0, 10),
+        _row("graphs-e30-s1", 0.68, 10, 19),
+        _row("graphs-e30-s2", 0.68, 60, 70),
+    ]
+    harness.mark_contended(rows, ours.others(now=50))
+    assert [r["contended"] for r in rows] == [True, False, False]
 
 
 def test_earlier_results_join_the_table_and_a_rerun_is_compared(tmp_path: Path) -> None:

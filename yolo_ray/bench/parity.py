@@ -28,6 +28,7 @@ from yolo_ray import run_layout as layout
 from yolo_ray.bench import coco_eval, environment
 from yolo_ray.bench.parity_paths import DEFAULT_PATHS, PATHS, SHARED_GPU, VAL_CPUS, VALIDATING
 from yolo_ray.bench.parity_report import combine, file_header, mark_contended, merged_results, print_table, summarize
+from yolo_ray.bench.run_ledger import RunLedger
 from yolo_ray.bench.variant_run import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
 from yolo_ray.config import ConfigError
 from yolo_ray.summary import read_history, read_jsonl
@@ -217,7 +218,11 @@ def run_one(
     bench = BenchSettings(images=p.images, out_dir=p.out_dir)
     args = [*entry.args, *_overrides(p, entry)]
     started = time.time()
-    row = run_variant(bench, entry.name, args, 1, env, entry.batch)
+    _LEDGER.started(entry.name, started)  # other benchmark calls on this host see this run's time
+    try:
+        row = run_variant(bench, entry.name, args, 1, env, entry.batch)
+    finally:
+        _LEDGER.ended(entry.name, time.time())
     out: dict[str, Any] = {
         "path": entry.variant,
         "epochs": entry.epochs,
@@ -268,6 +273,7 @@ def epoch_clock(run_dir: Path) -> dict[str, Any]:
 
 
 _SCORING = threading.Lock()
+_LEDGER = RunLedger()
 
 
 def expected_gpu_gib(batch: int) -> float:
@@ -349,7 +355,7 @@ def run(p: ParitySettings, cpu: bool, out_json: Path) -> dict[str, Any]:
     def save(row: dict[str, Any] | None = None) -> None:  # after every run: a call cut short keeps what ran
         if row is not None:
             fresh.append(row)
-        mark_contended(fresh)
+        mark_contended(fresh, _LEDGER.others(time.time()))
         report["results"], report["reproduced"] = combine(earlier, fresh)
         report["summary"] = summarize(report["results"])
         out_json.write_text(json.dumps(report, indent=2))

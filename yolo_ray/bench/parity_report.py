@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +13,13 @@ from yolo_ray.bench.parity_paths import PARITY_POINTS, PATHS, VALIDATING
 from yolo_ray.config import ConfigError
 
 
-def mark_contended(results: list[dict[str, Any]]) -> None:
-    """A run whose time overlapped another's has contended clocks: its accuracy counts, its times do not."""
+def mark_contended(results: list[dict[str, Any]], others: Sequence[tuple[float, float]] = ()) -> None:
+    """A run whose time overlapped another's has contended clocks: its accuracy counts, its times do not. `others`:
+    (started, ended) of runs outside `results`, e.g. another benchmark call's on this host (run_ledger.py)."""
     for r in results:
         if "started" in r:
-            r["contended"] = any(
-                o is not r and "started" in o and o["started"] < r["ended"] and r["started"] < o["ended"]
-                for o in results
-            )
+            spans = [(o["started"], o["ended"]) for o in results if o is not r and "started" in o] + list(others)
+            r["contended"] = any(start < r["ended"] and r["started"] < end for start, end in spans)
 
 
 def _order(path: str) -> int:
