@@ -56,6 +56,9 @@ class DataSection:
     s3_endpoint: str = ""  # an S3-compatible server (http://host:port) for `train: s3://...`; "": AWS_ENDPOINT_URL
 
 
+ULTRALYTICS_GRAD_CLIP = 10.0  # the gradient norm BaseTrainer.optimizer_step clips at, fixed in its code
+
+
 @dataclass
 class TrainSection:
     epochs: int = 30
@@ -70,7 +73,7 @@ class TrainSection:
     warmup_epochs: float = 3.0
     # the gradients' largest norm, clipped before each optimizer step (Ultralytics' fixed 10.0; its loss sums over
     # the batch, so the norm grows with the images per step); 0: never clipped. Each epoch records the norms.
-    grad_clip: float = 10.0
+    grad_clip: float = ULTRALYTICS_GRAD_CLIP
     cos_lr: bool = False
     amp: bool = True
     sync_bn: bool = False

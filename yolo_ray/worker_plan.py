@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yolo_ray import batch_plan
+from yolo_ray.config_schema import ULTRALYTICS_GRAD_CLIP
 from yolo_ray.faults import FaultPlan
 from yolo_ray.user_callbacks import UserCallback
 
@@ -65,7 +66,7 @@ class WorkerPlan:
     sync_bn: bool = False
     channels_last: bool = False
     cuda_graphs: bool = False
-    grad_clip: float = 10.0  # train.grad_clip (worker/grad_norms.py)
+    grad_clip: float = ULTRALYTICS_GRAD_CLIP  # train.grad_clip (worker/grad_norms.py)
     profile_steps: int = 0
     fault: FaultPlan = field(default_factory=FaultPlan)
     val_async: ValAsyncSettings | None = None  # None: inline validation

@@ -9,9 +9,9 @@ from typing import Any
 
 from yolo_ray import run_layout as layout
 from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.config_schema import ULTRALYTICS_GRAD_CLIP
 from yolo_ray.inputs import check_storage, prepare, ultralytics_overrides
 from yolo_ray.metrics import clean, scores
-from yolo_ray.worker.grad_norms import ULTRALYTICS_MAX_NORM
 
 
 class EpochTimer:
@@ -64,18 +64,18 @@ def train_native(cfg: ExperimentConfig, device: str = "cpu") -> dict[str, Any]:
 
     device: Ultralytics' own notion, e.g. "cpu", "0", or "0,1" (its torch.distributed.run DDP launcher).
     """
+    if cfg.train.grad_clip != ULTRALYTICS_GRAD_CLIP:  # refused before Ultralytics is imported
+        raise ConfigError(
+            cfg.source,
+            "train.grad_clip",
+            f"is {cfg.train.grad_clip}, but native Ultralytics always clips at {ULTRALYTICS_GRAD_CLIP}.",
+            "train without --native, or leave train.grad_clip at its default.",
+        )
     from yolo_ray import ultralytics_env
 
     ultralytics_env.setup()  # Ultralytics' own output, as a native run prints it
     from ultralytics import YOLO
 
-    if cfg.train.grad_clip != ULTRALYTICS_MAX_NORM:
-        raise ConfigError(
-            cfg.source,
-            "train.grad_clip",
-            f"is {cfg.train.grad_clip}, but native Ultralytics always clips at {ULTRALYTICS_MAX_NORM}.",
-            "train without --native, or leave train.grad_clip at its default.",
-        )
     started = time.time()
     checked = prepare(cfg)
     run_dir = check_storage(cfg)

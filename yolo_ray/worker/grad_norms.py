@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-ULTRALYTICS_MAX_NORM = 10.0  # BaseTrainer.optimizer_step's fixed limit
+from yolo_ray.config_schema import ULTRALYTICS_GRAD_CLIP
 
 
 class GradNorms:
-    def __init__(self, max_norm: float = ULTRALYTICS_MAX_NORM):
+    def __init__(self, max_norm: float = ULTRALYTICS_GRAD_CLIP):
         self.max_norm = float(max_norm) if max_norm else math.inf  # 0: measured, never clipped
         self.norms: list[torch.Tensor] = []
 

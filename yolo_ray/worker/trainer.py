@@ -42,10 +42,11 @@ from ultralytics.utils.torch_utils import get_torch_device_backend, torch_distri
 
 from yolo_ray import run_layout as layout
 from yolo_ray import tasks
+from yolo_ray.config_schema import ULTRALYTICS_GRAD_CLIP
 from yolo_ray.console import say
 from yolo_ray.worker import batched_val, val_batches
 from yolo_ray.worker.checkpoint_writer import CheckpointWriter, weights_digest
-from yolo_ray.worker.grad_norms import ULTRALYTICS_MAX_NORM, GradNorms
+from yolo_ray.worker.grad_norms import GradNorms
 from yolo_ray.worker.inline_val_thread import InlineValThread, OnInlineValThread
 from yolo_ray.worker_plan import StreamPlan
 
@@ -73,7 +74,7 @@ class RayTrainer(BaseTrainer):
         device_cache: str = "auto",
         channels_last: bool = False,
         cuda_graphs: bool = False,
-        grad_clip: float = ULTRALYTICS_MAX_NORM,
+        grad_clip: float = ULTRALYTICS_GRAD_CLIP,
         val_async: bool = False,
         stream: StreamPlan | None = None,
     ):
