@@ -147,6 +147,8 @@ def test_a_variant_is_labelled_and_its_overrides_win() -> None:
     assert parse_overrides(args)["train"]["lr0"] == 0.002  # the later value is the one trained with
     with pytest.raises(ConfigError, match="label"):
         harness.plan(harness.ParitySettings(runs="throughput-e30-s0", overrides="train.lr0=0.02"), cpu=False)
+    with pytest.raises(ConfigError, match="label"):  # not a plain run name: refused before any data or run
+        harness.plan(harness.ParitySettings(runs="throughput-e30-s0", label="lr+2"), cpu=False)
 
 
 def test_runs_at_once_stay_within_the_gpu_memory_budget() -> None:

@@ -111,12 +111,13 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
     interleaved within a seed (a drift of the shared host over the call then falls on no one path)."""
     if p.runs == "none":  # only the table of merged files
         return []
-    if str(p.overrides).strip() and not re.fullmatch(r"[a-z0-9_.]+", str(p.label)):
+    # a label names run directories: checked here, not by each run's run.name check after the data is generated
+    if (str(p.overrides).strip() or str(p.label)) and not re.fullmatch(r"[a-z0-9_.]+", str(p.label)):
         raise ConfigError(
             "yolo-ray bench --parity",
             "label",
-            f"{p.label!r} cannot name runs with overrides={p.overrides!r}: they are not the path's own runs.",
-            "add label=NAME (lower-case letters, digits, `_` or `.`), e.g. label=adamw.",
+            f"{p.label!r} cannot name a variant's runs (overrides={p.overrides!r}).",
+            "set label=NAME (lower-case letters, digits, `_` or `.`), e.g. label=adamw.",
         )
     if p.runs:
         wanted = []
