@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -149,9 +150,18 @@ def ultralytics_train_dataset(root: Path, imgsz: int, **hyp: float):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: all n sockets are held open together, since a port freed by one call is often the
+    very port the kernel hands the next (CI once gave Ray's agent and metrics ports the same number, and `ray start`
+    failed)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 class SharedRay:
@@ -179,12 +189,24 @@ class SharedRay:
         return {**ENV, "RAY_ADDRESS": self.address, **extra}
 
     def start(self) -> None:
-        subprocess.run(
-            [RAY, "start", "--head", f"--port={self.port}", "--node-ip-address=127.0.0.1", "--include-dashboard=true",
-             "--dashboard-host=127.0.0.1", "--dashboard-port=0", f"--dashboard-agent-listen-port={free_port()}",
-             f"--metrics-export-port={free_port()}", "--disable-usage-stats"],
-            env={**ENV, "RAY_ADDRESS": self.address}, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        """Start the head; a port taken between choosing and binding gets a second try on fresh ports (a restart
+        after the 2-node tests reuses the head port chosen at session start)."""
+        for attempt in (1, 2):
+            agent, metrics = free_ports(2)
+            proc = subprocess.run(
+                [RAY, "start", "--head", f"--port={self.port}", "--node-ip-address=127.0.0.1",
+                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--dashboard-port=0",
+                 f"--dashboard-agent-listen-port={agent}", f"--metrics-export-port={metrics}",
+                 "--disable-usage-stats"],
+                env={**ENV, "RAY_ADDRESS": self.address}, capture_output=True, text=True,
+            )  # fmt: skip
+            if proc.returncode == 0:
+                return
+            subprocess.run([RAY, "stop", "--force"], env=ENV, capture_output=True)  # what a failed start left
+            if attempt == 1:
+                self.port = free_port()
+                self.address = f"127.0.0.1:{self.port}"
+        raise RuntimeError(f"`ray start --head` failed twice; last output:\n{proc.stdout}{proc.stderr}")
 
     def stop(self) -> None:
         if self.alive():
