@@ -1,5 +1,6 @@
 """The stream loader's device decoding (nvJPEG + a bilinear resize on the GPU) against OpenCV's (Ultralytics'
-load_image), image by image on a split: mean and largest |difference| in grey levels, by format, and decode speed.
+load_image), image by image on a split: mean and largest |difference| in grey levels, by format, and decode speed,
+OpenCV's also in 1, 2, 4, ... threads of one process as data.stream_decode worker decodes (does the GIL let it scale?).
 
     python benchmarks/decode_probe.py datasets/scale10000/train/images 512 [--out FILE]
 """
@@ -7,6 +8,7 @@ load_image), image by image on a split: mean and largest |difference| in grey le
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,8 +38,12 @@ def probe(folder: Path, n: int, imgsz: int = 640, batch: int = 64) -> dict:
             diffs.setdefault(f.suffix, []).append(float(diff.mean()))
             worst = max(worst, float(diff.max()))
     timings = {}
-    for name, fn in (("device", lambda c: decoder(c, np.array(["x"] * len(c)))),
-                     ("opencv_1_thread", lambda c: [resize_cpu(decode_cpu(x, "x"), imgsz) for x in c])):  # fmt: skip
+    ways = [("device", lambda c: decoder(c, np.array(["x"] * len(c)))),
+            ("opencv_1_thread", lambda c: [resize_cpu(decode_cpu(x, "x"), imgsz) for x in c])]  # fmt: skip
+    for t in worker_threads():  # data.stream_decode worker: OpenCV threads of one process into one pinned batch
+        worker = Decoder(imgsz, dev, threads=t, mode="worker")
+        ways.append((f"worker_{t}_threads", lambda c, w=worker: w.slots(c, np.array(["x"] * len(c)))))
+    for name, fn in ways:
         chunk = np.array(data[:batch] + [b""], dtype=object)[:-1]
         fn(chunk)
         if dev.type == "cuda":
@@ -50,6 +56,12 @@ def probe(folder: Path, n: int, imgsz: int = 640, batch: int = 64) -> dict:
         timings[name] = round(3 * len(chunk) / (time.perf_counter() - t), 1)
     return {"images": len(files), "mean_abs_diff": {k: round(float(np.mean(v)), 3) for k, v in diffs.items()},
             "max_abs_diff": worst, "images_per_s": timings, "device": str(dev)}  # fmt: skip
+
+
+def worker_threads() -> list[int]:
+    """1, 2, 4, ... up to this machine's CPUs less the 2 that stream_decode worker leaves Ray Data (at least 2)."""
+    top = max(2, (os.cpu_count() or 2) - 2)
+    return sorted({*(2**k for k in range(top.bit_length()) if 2**k <= top), top})
 
 
 if __name__ == "__main__":

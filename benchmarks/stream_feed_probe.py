@@ -4,6 +4,8 @@ bare (one process, then one per CPU at once), then the stream's Ray Dataset read
 py-spy sample of one read task.
 
     python benchmarks/stream_feed_probe.py datasets/parity/data.yaml [--epochs 3] [--out FILE]
+    python benchmarks/stream_feed_probe.py datasets/parity/data.yaml --skip-decode \
+        --variants 64:1:4:free,64:1:4:bytes,64:1:4:worker --threads 13
 """
 
 from __future__ import annotations
@@ -89,10 +91,17 @@ class TaskCount(threading.Thread):
         return round(float(np.mean(self.samples)), 2) if self.samples else 0.0
 
 
-def to_device(b: dict, mode: str, host: object) -> None:
+def to_device(b: dict, mode: str, host: object, decoder: object = None) -> None:
     import torch
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if mode == "bytes":  # Ray Data's side alone: the compressed bytes, not decoded
+        return
+    if mode == "worker":  # this process decodes (stream_loader.Decoder, OpenCV threads) into pinned memory
+        pixels, _ = decoder.slots(b["data"], b["file"])  # type: ignore[union-attr]
+        pixels.to(dev, non_blocking=True)
+        torch.cuda.synchronize() if dev == "cuda" else None
+        return
     if mode != "crop":
         torch.from_numpy(b["pixels"]).to(dev)
         return
@@ -113,23 +122,32 @@ def feed(
     to_gpu: bool = True,
     prefetch: int = 4,
     mode: str = "plain",
+    threads: int = 13,
 ) -> list[dict]:
     """mode: plain (imgsz^2 slots), crop (each image at its size, padded on the consumer into pinned memory),
     free (plain, with Ray Data's per-operator object store reservation off), free10 (free, and 10 x the
-    downstream capacity an operator may queue for)."""
+    downstream capacity an operator may queue for); with the reservation off as the pipeline has it: bytes (Ray Data
+    reads the compressed bytes, nothing decodes), worker (bytes, decoded here by `threads` OpenCV threads:
+    data.stream_decode worker)."""
     import ray.data
     import torch
     from ray.data import DataContext, RandomSeedConfig
 
     ctx = DataContext.get_current()
-    ctx.op_resource_reservation_enabled = not mode.startswith("free")
+    ctx.op_resource_reservation_enabled = mode not in ("free", "free10", "bytes", "worker")
+    on_cpu = mode not in ("bytes", "worker")
+    decoder = None
+    if mode == "worker":
+        from yolo_ray.data.stream_loader import Decoder
+
+        decoder = Decoder(640, torch.device("cuda" if torch.cuda.is_available() else "cpu"), threads, mode="worker")
     ctx.downstream_capacity_backpressure_ratio = 10.0 if mode == "free10" else 2.0
     host = torch.empty((batch, 640, 640, 3), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
     ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // rows_per_block))
     ds = ds.random_shuffle(seed=RandomSeedConfig(seed=0, reseed_after_execution=True))
     ds = ds.map_batches(read_cropped if mode == "crop" else read_rows,
-                        fn_kwargs={"fs": Filesystem("local"), "imgsz": 640, "decode": True},
-                        batch_size=batch, num_cpus=1, batch_format="numpy")  # fmt: skip
+                        fn_kwargs={"fs": Filesystem("local"), "imgsz": 640, "decode": on_cpu},
+                        batch_size=batch, num_cpus=1 if on_cpu else 0.5, batch_format="numpy")  # fmt: skip
     shard = ds.streaming_split(1, equal=True)[0]
     out = []
     for epoch in range(epochs):
@@ -142,12 +160,13 @@ def feed(
         for b in shard.iter_batches(batch_size=batch, batch_format="numpy", prefetch_batches=prefetch):
             wait += time.perf_counter() - t_wait
             if to_gpu:
-                to_device(b, mode, host)
+                to_device(b, mode, host, decoder)
             n += len(b["id"])
             t_wait = time.perf_counter()
         dt = time.perf_counter() - t
         cpu = cpu_since(cpu0)
-        row = {"rows_per_block": rows_per_block, "to_gpu": to_gpu, "prefetch": prefetch, "mode": mode, "epoch": epoch}
+        row = {"rows_per_block": rows_per_block, "to_gpu": to_gpu, "prefetch": prefetch, "mode": mode, "epoch": epoch,
+               **({"threads": threads} if mode == "worker" else {})}  # fmt: skip
         out.append({**row, "images": n, "s": round(dt, 2), "images_per_s": round(n / dt, 1),
                     "consumer_wait_share": round(wait / dt, 3), "tasks_running_mean": tasks.mean(),
                     "ray_cpu_ms_per_image": round(cpu / n * 1000, 2)})  # fmt: skip
@@ -161,7 +180,12 @@ def main() -> None:
     ap.add_argument("data_yaml")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--blocks", default="256,64")
-    ap.add_argument("--variants", default="", help="BLOCK:to_gpu(0|1):prefetch[:plain|crop|free],... (not --blocks)")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="BLOCK:to_gpu(0|1):prefetch[:plain|crop|free|free10|bytes|worker],... (not --blocks)",
+    )
+    ap.add_argument("--threads", type=int, default=13, help="worker mode: this process's decoding threads")
     ap.add_argument("--skip-decode", action="store_true", help="skip the bare OpenCV timing")
     ap.add_argument("--out", default="benchmarks/runs-feed/feed.json")
     a = ap.parse_args()
@@ -190,7 +214,7 @@ def main() -> None:
     print(report, flush=True)
     for k, gpu, pre, mode in variants:
         profile = out_dir / f"task-{k}-{gpu}-{pre}-{mode}.pyspy.txt"
-        report["feed"] += feed(rows, int(k), 64, a.epochs, profile, gpu == "1", int(pre), mode)
+        report["feed"] += feed(rows, int(k), 64, a.epochs, profile, gpu == "1", int(pre), mode, a.threads)
         Path(a.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
 

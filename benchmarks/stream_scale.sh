@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The stream loader at two dataset sizes against the in-memory fast path (issue #24), on one GPU:
 #   generate N real-shaped images at 640 px; a COPIES x N split of hard links to them (benchmarks/link_dataset.py);
-#   train on N: graphs (device cache + CUDA graphs), stream (nvJPEG) and streamcpu (OpenCV in Ray Data tasks);
+#   train on N: graphs (device cache + CUDA graphs), stream (stream_decode auto), streamcpu (OpenCV in Ray Data tasks) and
+#   streamworker (OpenCV in the Train worker's threads);
 #   train on COPIES x N: stream. Each run's per-epoch images/s and peak GPU memory -> benchmarks/runs-scale/epochs.json
 #   IMAGES=10000 COPIES=5 bash benchmarks/stream_scale.sh
 set -euo pipefail
@@ -12,7 +13,7 @@ mkdir -p "$out"
 python -m yolo_ray data synth "datasets/scale$n" style=real images="$n" imgsz=640 classes=5
 python benchmarks/decode_probe.py "datasets/scale$n/train/images" 512 --out "$out/decode.json"
 python -m yolo_ray bench --parity data="datasets/scale$n/data.yaml" images="$n" out_dir="$out/small" \
-  runs="${SMALL_RUNS:-graphs-e2-s0,stream-e2-s0,streamcpu-e2-s0}" --out "$out/small.json"
+  runs="${SMALL_RUNS:-graphs-e2-s0,stream-e2-s0,streamcpu-e2-s0,streamworker-e2-s0}" --out "$out/small.json"
 if [ "$copies" -gt 0 ]; then
   python benchmarks/link_dataset.py "datasets/scale$n/data.yaml" "datasets/scale${n}x$copies" "$copies"
   python -m yolo_ray bench --parity data="datasets/scale${n}x$copies/data.yaml" images=$((n * copies)) \

@@ -151,6 +151,19 @@ def test_a_variant_is_labelled_and_its_overrides_win() -> None:
         harness.plan(harness.ParitySettings(runs="throughput-e30-s0", label="lr+2"), cpu=False)
 
 
+def test_stream_paths_decode_where_they_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    """streamworker decodes in the Train worker, which then holds the CPUs less the 2 left to Ray Data to read the
+    bytes; stream (the default decoder) and streamcpu (Ray Data's tasks) hold 2; all with CUDA graphs on a GPU."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    p = harness.ParitySettings(runs="stream-e4-s0,streamcpu-e4-s0,streamworker-e4-s0")
+    got = {}
+    for e in harness.plan(p, cpu=False):
+        cfg = parse_overrides([*e.args, *harness._overrides(p, e)])
+        assert cfg["data"]["loader"] == "stream" and cfg["train"]["cuda_graphs"] is True
+        got[e.path] = (cfg["data"].get("stream_decode", "auto"), cfg["scaling"]["cpus_per_worker"])
+    assert got == {"stream": ("auto", 2), "streamcpu": ("cpu", 2), "streamworker": ("worker", 13)}
+
+
 def test_runs_at_once_stay_within_the_gpu_memory_budget() -> None:
     """parallel=N runs up to N at once, but never more than the memory budget holds (a 256-image run takes what
     two or three 64-image ones do); a run that ran out of memory beside others runs again, alone."""

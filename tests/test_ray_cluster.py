@@ -106,6 +106,14 @@ def test_auto_cpus_per_worker() -> None:
     assert auto_cpus_per_worker(cfg, True, [_node(16, 1)], gpus_per_worker=0.25) == 3  # (16 - 1) * 0.25
     assert auto_cpus_per_worker(cfg, True, [_node(16, 1)], gpus_per_worker=0) == 1
     assert auto_cpus_per_worker(cfg, True, [_node(8, 4)], gpus_per_worker=2) == 3  # two GPUs' share: (8 - 1) * 2 // 4
+    # the stream: 2 (the training process's threads); decoding in the worker: its GPU's share less 2 for Ray Data
+    stream = config.apply(cfg, {"data.loader": "stream"})
+    assert auto_cpus_per_worker(stream, True, [_node(16, 1)]) == 2
+    worker = config.apply(stream, {"data.stream_decode": "worker"})
+    assert auto_cpus_per_worker(worker, True, [_node(16, 1)]) == 13  # 15 - 2
+    assert auto_cpus_per_worker(worker, True, [_node(8), _node(32, 4), _node(64, 4)]) == 5  # (32 - 1) // 4 - 2
+    assert auto_cpus_per_worker(worker, True, [_node(4, 4)]) == 1
+    assert auto_cpus_per_worker(worker, False, [_node(2)]) == 0.5
     assert cfg.tune.trial.cpus_per_worker == "auto"
     resolved = sweep.resolve_trial_cpus(config.apply(cfg, {"tune.trial.gpus_per_worker": 0.5}), True, [_node(16, 1)])
     assert resolved.tune.trial.cpus_per_worker == 7  # what every trial reserves and max_concurrent divides by

@@ -31,6 +31,7 @@ from yolo_ray.bench.parity_report import combine, file_header, mark_contended, m
 from yolo_ray.bench.run_ledger import RunLedger
 from yolo_ray.bench.variant_run import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
 from yolo_ray.config import ConfigError
+from yolo_ray.config_schema import STREAM_READ_CPUS
 from yolo_ray.summary import read_history, read_jsonl
 
 
@@ -148,9 +149,11 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
         "graphs": [*use, *device_path(BenchSettings()), *GRAPHS],
         "throughput": [*use, *device_path(BenchSettings()), *GRAPHS],
     }
-    # the fast path with data.loader=stream: nvJPEG on the training device, or OpenCV in Ray Data's CPU tasks
+    # the fast path with data.loader=stream: its default decoder (data.stream_decode auto), OpenCV in Ray Data's CPU
+    # tasks, or OpenCV in the Train worker's threads
     stream = [*use, "data.loader=stream", *fast, *([] if cpu else GRAPHS)]
     args["stream"], args["streamcpu"] = stream, [*stream, "data.stream_decode=cpu"]
+    args["streamworker"] = [*stream, "data.stream_decode=worker"]
     for v, extra in VALIDATING.items():  # the fast path (graphs on a GPU), validating every epoch
         on_gpu = [] if cpu else [*GRAPHS, *(SHARED_GPU if v == "valasync" else [])]
         args[v] = [*use, *device_path(BenchSettings()), *on_gpu, *extra]
@@ -173,7 +176,9 @@ def _overrides(p: ParitySettings, entry: Entry) -> list[str]:
             validation.append(f"train.val_cpus={val_cpus}")
     else:
         validation = ["train.val=false"]  # validated once, at the last epoch: the scorers below judge the final weights
-    if entry.path.startswith("stream"):  # the training process and its decoding threads; the rest reads the stream
+    if entry.path == "streamworker":  # its threads decode: all but what Ray Data reads the bytes with
+        cpus = cpus - STREAM_READ_CPUS if cpus > 2 * STREAM_READ_CPUS else 0.5
+    elif entry.path.startswith("stream"):  # the training process and its decoding threads; the rest reads the stream
         cpus = min(cpus, 2) if cpus > 2 else 0.5
     data = [f"data.path={Path(p.data).resolve()}"] if p.data else ["data.path=synthetic"]
     return [

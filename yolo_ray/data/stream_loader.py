@@ -4,8 +4,9 @@ GPU by the device loader's batched augmentation (device_augment.augment_batch). 
 
     Ray Data (any node's CPUs): shuffled rows -> read image bytes + label text (-> decode + resize with OpenCV:
     data.stream_decode cpu, the default) -> equal split, one shard per Train worker -> this rank, on a thread of its
-    own: (decode with nvJPEG + resize to long side imgsz: `device`) + label tensors -> the training thread: ring
-    buffer on the device -> mosaic (partners from the ring) + affine + HSV + flips (one kernel)
+    own: (decode + resize with OpenCV in this rank's threads: `worker`; or with nvJPEG + a resize on the device:
+    `device`) + label tensors -> the training thread: ring buffer on the device -> mosaic (partners from the ring)
+    + affine + HSV + flips (one kernel)
 
 Each epoch Ray Data executes the pipeline again: a new shuffle (seeded by train.seed, the epoch the worker group
 started at, and the execution's index), an
@@ -35,8 +36,8 @@ import torch.nn.functional as F
 from yolo_ray import run_layout as layout
 from yolo_ray.data.device_augment import AugmentHyp, augment_batch
 from yolo_ray.data.device_cache import PAD, DeviceCache, Labels, label_tensors
-from yolo_ray.data.device_loader import decode_threads
-from yolo_ray.data.stream_pipeline import decode_cpu, resized_hw
+from yolo_ray.data.device_loader import decode_threads as node_decode_threads
+from yolo_ray.data.stream_pipeline import decode_cpu, decode_into, resized_hw
 
 PREFETCH_BATCHES = 4  # batches Ray Data keeps ready for each rank
 
@@ -142,12 +143,23 @@ class RingCache:
 
 
 class Decoder:
-    """This rank's decoding: JPEG on the device with nvJPEG (torchvision, a batch at a time), other formats (and
-    every image on a CPU device) with OpenCV in threads; then resized on the device like load_image."""
+    """This rank's decoding of Ray Data's bytes. `device` (stream_decode device): JPEG on the device with nvJPEG
+    (torchvision, a batch at a time), other formats (and every image on a CPU device) with OpenCV in threads, then
+    resized on the device. `worker`: every image decoded and resized with OpenCV in threads, as Ray Data's tasks do
+    it with stream_decode cpu (to the pixel Ultralytics' load_image), into one padded host batch."""
 
-    def __init__(self, imgsz: int, device: torch.device, threads: int):
-        self.imgsz, self.device = imgsz, device
+    def __init__(self, imgsz: int, device: torch.device, threads: int, mode: str = "device"):
+        self.imgsz, self.device, self.mode = imgsz, device, mode
         self.pool = ThreadPoolExecutor(max(1, threads))
+
+    def slots(self, data: np.ndarray, files: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """mode worker: the batch as [B, imgsz, imgsz, 3] (pinned on a GPU host, for one copy without a wait) and its
+        images' (h, w); the threads write their images' slots in place."""
+        pinned = self.device.type == "cuda"
+        out = torch.empty((len(data), self.imgsz, self.imgsz, 3), dtype=torch.uint8, pin_memory=pinned)
+        host = out.numpy()
+        hw = self.pool.map(lambda i: decode_into(host[i], data[i], str(files[i])), range(len(data)))
+        return out, np.array(list(hw), dtype=np.int32).reshape(-1, 2)
 
     def __call__(self, data: np.ndarray, files: np.ndarray) -> list[torch.Tensor]:
         out: list[torch.Tensor | None] = [None] * len(data)
@@ -223,12 +235,16 @@ class StreamLoader:
         imgsz: int,
         ring_rows: int,
         record_dir: Path,
+        decode: str = "ray",
+        decode_threads: int = 1,
     ):
         self.shard, self.batch_size, self.hyp, self.rank, self.seed = shard, batch_size, hyp, rank, seed
         self.dataset = StreamIndexDataset(images)
         self.sampler = EpochSampler(rows // max(1, world_size))
         self.ring = RingCache(ring_size(len(self.sampler), batch_size, ring_rows), imgsz, device)
-        self.decoder = Decoder(imgsz, device, threads=decode_threads())
+        # worker: the CPUs Ray gave this rank; device (PNG only on a GPU): the node's CPUs shared among its ranks
+        threads = decode_threads if decode == "worker" else node_decode_threads()
+        self.decoder = Decoder(imgsz, device, threads, "worker" if decode == "worker" else "device")
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.epochs_served: list[int] = []
         record_dir.mkdir(parents=True, exist_ok=True)
@@ -265,10 +281,14 @@ class StreamLoader:
         of waiting for it (a copy from pageable memory waits for the stream it is on)."""
         side = self.copy_stream
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            pixels = None
+            pixels, host, sizes = None, None, None
             if "pixels" in rows:  # decoded by Ray Data on CPUs
-                pixels = self.upload(torch.from_numpy(rows["pixels"]))
-                images = [pixels[i, :h, :w] for i, (h, w) in enumerate(rows["hw"].tolist())]
+                host, sizes = torch.from_numpy(rows["pixels"]), rows["hw"]
+            elif self.decoder.mode == "worker":  # decoded here, by this rank's OpenCV threads
+                host, sizes = self.decoder.slots(rows["data"], rows["file"])
+            if host is not None:
+                pixels = self.upload(host)
+                images = [pixels[i, :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
             else:
                 images = self.decoder(rows["data"], rows["file"])
             hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)

@@ -1,7 +1,7 @@
 """data.loader=stream, the Ray Data side (it runs on any node's CPUs): the
 train split's rows shuffled anew each epoch, read (image bytes, label text) and, with data.stream_decode cpu,
 decoded and resized with OpenCV as Ultralytics' load_image does; then split across the Train workers by Ray Train.
-stream_loader.py is the rank's side."""
+stream_loader.py is the rank's side (it decodes the bytes itself with stream_decode device or worker)."""
 
 from __future__ import annotations
 
@@ -39,25 +39,37 @@ def read_rows(batch: dict[str, np.ndarray], fs: Filesystem, imgsz: int, decode: 
     import cv2
 
     cv2.setNumThreads(1)  # this task holds one CPU; OpenCV's own threads would oversubscribe the node (as Ultralytics')
-    pixels = np.full((len(got), imgsz, imgsz, 3), int(PAD), dtype=np.uint8)
-    hw = np.zeros((len(got), 2), dtype=np.int32)
-    for i, (data, _) in enumerate(got):
-        im = decode_cpu(data, batch["image"][i])
-        im = resize_cpu(im, imgsz)
-        pixels[i, : im.shape[0], : im.shape[1]] = im
-        hw[i] = im.shape[:2]
+    pixels = np.empty((len(got), imgsz, imgsz, 3), dtype=np.uint8)
+    hw = np.array([decode_into(pixels[i], d, batch["image"][i]) for i, (d, _) in enumerate(got)], dtype=np.int32)
     out.update(pixels=pixels, hw=hw)
     return out
 
 
+def decode_into(slot: np.ndarray, data: bytes, name: str) -> tuple[int, int]:
+    """One image decoded and resized as load_image does it into an imgsz^2 slot (HWC, RGB), the rest of the slot
+    PAD; returns its (h, w). Resized in BGR, as load_image does, and turned RGB in the copy into the slot (one copy of
+    the image fewer than decode_cpu then resize_cpu). OpenCV and numpy release the GIL, so threads can share this."""
+    im = resize_cpu(decode_bgr(data, name), slot.shape[0])
+    h, w = im.shape[:2]
+    slot[:h, :w] = im[..., ::-1]
+    slot[h:] = int(PAD)
+    slot[:h, w:] = int(PAD)
+    return h, w
+
+
 def decode_cpu(data: bytes, name: str) -> np.ndarray:
     """RGB uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour) then its BGR -> RGB."""
+    return np.ascontiguousarray(decode_bgr(data, name)[..., ::-1])
+
+
+def decode_bgr(data: bytes, name: str) -> np.ndarray:
+    """BGR uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour)."""
     import cv2
 
     im = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if im is None:
         raise ValueError(f"data.loader=stream: {name} is not an image OpenCV can decode")
-    return np.ascontiguousarray(im[..., ::-1])
+    return im
 
 
 def resized_hw(h0: int, w0: int, imgsz: int) -> tuple[int, int]:

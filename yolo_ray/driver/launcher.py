@@ -141,13 +141,18 @@ def plan_workers(
         profile_steps=run.profile_steps,
         fault=FaultPlan(run.fail_at_epoch, run.fail_rank, run.fail_at_batch),
         val_async=val_async,
-        stream=None
-        if stream is None
-        else StreamPlan(len(stream.images), stream.padded(scaling.num_workers), cfg.data.stream_buffer),  # fmt: skip
+        stream=None if stream is None else _stream_plan(cfg, stream, scaling),
         export=cfg.tracking.enabled and cfg.tracking.register,
         callbacks=tuple(user_callbacks.parse(t.callbacks, cfg.source)),
         verbose=run.verbose,
     )
+
+
+def _stream_plan(cfg: ExperimentConfig, stream: Any, scaling: Any) -> StreamPlan:
+    """What a rank knows of the stream: the split's size, padded for the group, and who decodes with what."""
+    d = cfg.data
+    padded = stream.padded(scaling.num_workers)
+    return StreamPlan(len(stream.images), padded, d.stream_buffer, d.stream_decoder(), int(scaling.cpus_per_worker))
 
 
 def _stream_datasets(cfg: ExperimentConfig, plan: WorkerPlan, dataset: Any, workers: int) -> dict | None:
@@ -157,7 +162,7 @@ def _stream_datasets(cfg: ExperimentConfig, plan: WorkerPlan, dataset: Any, work
         return None
     from yolo_ray.data import stream_pipeline
 
-    on_cpu = cfg.data.stream_decode != "device"  # auto: OpenCV in Ray Data tasks, measured faster on one H200 host
+    on_cpu = cfg.data.stream_decoder() == "ray"  # auto: Ray Data's tasks (faster than nvJPEG on one H200 host)
     data = stream_pipeline.AttemptPipeline(
         dataset.stream.rows(multiple=workers), dataset.stream.fs, cfg.train.imgsz, on_cpu, cfg.train.seed,
         plan.batch.per_worker(workers), plan.run_dir, cfg.run.verbose,

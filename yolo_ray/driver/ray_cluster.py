@@ -14,6 +14,7 @@ import ray
 from yolo_ray import console
 from yolo_ray.config import ConfigError, ExperimentConfig
 from yolo_ray.config_checks import check_batch_divides, check_gpu_only, worker_range
+from yolo_ray.config_schema import STREAM_READ_CPUS
 from yolo_ray.driver import reaper
 
 
@@ -149,7 +150,8 @@ def auto_cpus_per_worker(
 ) -> float:
     """`scaling.cpus_per_worker: auto` (and `tune.trial.cpus_per_worker: auto`). A GPU worker gets its loader processes
     plus one for the training process, within its GPUs' share of the smallest GPU node (one CPU of each node left to
-    Ray's own actors; a 0.25-GPU trial worker gets a quarter of a GPU's share). It matters beyond scheduling: Ray sets
+    Ray's own actors; a 0.25-GPU trial worker gets a quarter of a GPU's share); one that decodes the stream itself
+    (stream_decode worker) gets that share less STREAM_READ_CPUS. It matters beyond scheduling: Ray sets
     a worker's torch threads to its CPUs, and with 1 the training process's own CPU work ran on one thread
     (Ultralytics' loader on an H200: 524 images/s against 641 with the node's CPUs, native 613).
     CPU workers (gloo) get 1: there the two ranks' compute is the CPU."""
@@ -160,6 +162,8 @@ def auto_cpus_per_worker(
         for n in nodes
         if n["Resources"].get("GPU", 0) >= 1
     ]
+    if cfg.data.loader == "stream" and cfg.data.stream_decoder() == "worker":  # its threads decode: all of its
+        return float(max(1, min(shares, default=4) - STREAM_READ_CPUS))  # share but what Ray Data reads bytes with
     # stream: no loader processes; the training process's threads (PNG decoding, copies), the rest to Ray Data
     loader_cpus = 2 if cfg.data.loader == "stream" else cfg.train.workers + 1
     return float(max(1, min([loader_cpus, *shares])))

@@ -159,6 +159,8 @@ class RayTrainer(BaseTrainer):
             imgsz=self.args.imgsz,
             ring_rows=self.stream.buffer,
             record_dir=layout.stream_records(Path(self.save_dir).parent),
+            decode=self.stream.decode,
+            decode_threads=self.stream.decode_threads,
         )
 
     def get_validator(self) -> Any:
