@@ -147,7 +147,7 @@ def feed(
     ds = ds.random_shuffle(seed=RandomSeedConfig(seed=0, reseed_after_execution=True))
     ds = ds.map_batches(read_cropped if mode == "crop" else read_rows,
                         fn_kwargs={"fs": Filesystem("local"), "imgsz": 640, "decode": on_cpu},
-                        batch_size=batch, num_cpus=1 if on_cpu else 0.5, batch_format="numpy")  # fmt: skip
+                        batch_size=batch, num_cpus=1, batch_format="numpy")  # fmt: skip
     shard = ds.streaming_split(1, equal=True)[0]
     out = []
     for epoch in range(epochs):
