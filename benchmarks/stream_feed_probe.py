@@ -123,6 +123,7 @@ def feed(
     prefetch: int = 4,
     mode: str = "plain",
     threads: int = 13,
+    task_cpus: float = 1.0,
 ) -> list[dict]:
     """mode: plain (imgsz^2 slots), crop (each image at its size, padded on the consumer into pinned memory),
     free (plain, with Ray Data's per-operator object store reservation off), free10 (free, and 10 x the
@@ -147,7 +148,7 @@ def feed(
     ds = ds.random_shuffle(seed=RandomSeedConfig(seed=0, reseed_after_execution=True))
     ds = ds.map_batches(read_cropped if mode == "crop" else read_rows,
                         fn_kwargs={"fs": Filesystem("local"), "imgsz": 640, "decode": on_cpu},
-                        batch_size=batch, num_cpus=1, batch_format="numpy")  # fmt: skip
+                        batch_size=batch, num_cpus=task_cpus, batch_format="numpy")  # fmt: skip
     shard = ds.streaming_split(1, equal=True)[0]
     out = []
     for epoch in range(epochs):
@@ -166,7 +167,7 @@ def feed(
         dt = time.perf_counter() - t
         cpu = cpu_since(cpu0)
         row = {"rows_per_block": rows_per_block, "to_gpu": to_gpu, "prefetch": prefetch, "mode": mode, "epoch": epoch,
-               **({"threads": threads} if mode == "worker" else {})}  # fmt: skip
+               "task_cpus": task_cpus, **({"threads": threads} if mode == "worker" else {})}  # fmt: skip
         out.append({**row, "images": n, "s": round(dt, 2), "images_per_s": round(n / dt, 1),
                     "consumer_wait_share": round(wait / dt, 3), "tasks_running_mean": tasks.mean(),
                     "ray_cpu_ms_per_image": round(cpu / n * 1000, 2)})  # fmt: skip
@@ -186,6 +187,7 @@ def main() -> None:
         help="BLOCK:to_gpu(0|1):prefetch[:plain|crop|free|free10|bytes|worker],... (not --blocks)",
     )
     ap.add_argument("--threads", type=int, default=13, help="worker mode: this process's decoding threads")
+    ap.add_argument("--task-cpus", type=float, default=1.0, help="each read task's num_cpus (the pipeline's: 1)")
     ap.add_argument("--skip-decode", action="store_true", help="skip the bare OpenCV timing")
     ap.add_argument("--out", default="benchmarks/runs-feed/feed.json")
     a = ap.parse_args()
@@ -214,7 +216,7 @@ def main() -> None:
     print(report, flush=True)
     for k, gpu, pre, mode in variants:
         profile = out_dir / f"task-{k}-{gpu}-{pre}-{mode}.pyspy.txt"
-        report["feed"] += feed(rows, int(k), 64, a.epochs, profile, gpu == "1", int(pre), mode, a.threads)
+        report["feed"] += feed(rows, int(k), 64, a.epochs, profile, gpu == "1", int(pre), mode, a.threads, a.task_cpus)
         Path(a.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
 
