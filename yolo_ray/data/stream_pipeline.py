@@ -113,9 +113,8 @@ def pipeline(
         read_rows,
         fn_kwargs={"fs": fs, "imgsz": imgsz, "decode": decode_on_cpu},
         batch_size=batch,
-        # a whole CPU also when a task only reads: half-CPU tasks ran more processes than the node's CPUs, which
-        # Ray ends after a second idle and starts again (the bytes feed on 2 CPUs: 684-1193 images/s against
-        # 1509-1880; benchmarks/stream_feed_probe.py --task-cpus)
+        # a whole CPU also when a task only reads: with half a CPU the bytes feed on 2 CPUs ran at 684-1193 images/s
+        # against 1509-1880 (benchmarks/stream_feed_probe.py --task-cpus; README, the stream loader)
         num_cpus=1,
         batch_format="numpy",
     )
