@@ -61,6 +61,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's live process
-        return True
+    except PermissionError:  # another user's process: alive
+        pass
     return True

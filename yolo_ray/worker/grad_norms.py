@@ -44,13 +44,17 @@ class GradNorms:
         finally:
             utils.clip_grad_norm_ = original
 
+    def reset(self) -> None:
+        """Forget the steps so far (an epoch's start: ranks other than 0 never read theirs)."""
+        self.norms.clear()
+
     def epoch_summary(self) -> dict[str, float]:
         """The epoch's steps: mean and largest gradient norm before clipping, and the share of steps clipped.
         Steps whose gradients overflowed under AMP (the scaler skips them) are left out. Clears the record."""
         if not self.norms:
             return {}
         norms = torch.stack([n.float().reshape(()) for n in self.norms]).cpu()
-        self.norms.clear()
+        self.reset()
         finite = norms[torch.isfinite(norms)]
         if finite.numel() == 0:
             return {"grad_norm_steps": 0}

@@ -103,7 +103,7 @@ class RayTrainer(BaseTrainer):
         self.ddp = False  # never spawn torch.distributed.run: Ray owns the processes
         self.writer = CheckpointWriter(self, BaseTrainer.save_model, keep_for_validation=val_async)
         self.add_callback("on_train_epoch_start", _set_sampler_epoch)
-        self.add_callback("on_train_epoch_start", lambda t: t.grad_norms.norms.clear())  # rank 0 reads them
+        self.add_callback("on_train_epoch_start", lambda t: t.grad_norms.reset())  # rank 0 reads them
         self.add_callback("on_train_start", _warm_validation)
 
     def _setup_ddp(self) -> None:
