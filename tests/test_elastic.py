@@ -34,7 +34,9 @@ from yolo_ray import batch_plan
 START_TIMEOUT_S = 15
 # On the small set, 2.5 s an epoch on the two 1-CPU nodes. A lost node stops the group until Ray declares it dead, so
 # the shrink needs few epochs after it; a drained one trains on until its deadline (~3 epochs), and then some.
-EPOCHS, PREEMPT_EPOCHS = 6, 10
+# the preempted run must still be training when the node goes, 8 s after the notice: a CI machine once trained
+# shapes_small at 0.8 s an epoch and finished 10 epochs at the deadline
+EPOCHS, PREEMPT_EPOCHS = 6, 20
 
 
 @pytest.fixture
@@ -156,6 +158,7 @@ def test_a_preempted_node_costs_the_epoch_in_flight_not_a_failure(
     time.sleep(deadline_s)  # Ray Train stops the group at the deadline, counting a preemption
     killed = time.time()
     time.sleep(3)
+    assert driver.poll() is None, "the run finished before the node went: raise PREEMPT_EPOCHS"
     assert kill_node() > 0  # the cloud takes the node (its processes, not Ray's teardown, end it here)
     saved = read_jsonl(history)
     rows = _finished(driver, tmp_path, run_dir, PREEMPT_EPOCHS)
