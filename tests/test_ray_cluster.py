@@ -1,5 +1,6 @@
 """Multi-node: a real 2-node Ray cluster made of two Linux network namespaces, one training worker per node; one node
-is lost mid-run and replaced, and the run resumes from its last epoch checkpoint."""
+is lost mid-run and replaced, and the run resumes from its last epoch checkpoint. The stream loader reads and decodes
+on the node that trains nothing."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ from conftest import (
 )
 
 from yolo_ray import config
+from yolo_ray.data import stream_loader
 from yolo_ray.driver import sweep, sweep_space
 from yolo_ray.driver.ray_cluster import auto_cpus_per_worker
 
 EPOCHS = 4
+SMALL_TRAIN_IMAGES = 96  # shapes_small's train split
 
 
 def test_two_nodes_train_together_and_survive_losing_one(
@@ -85,6 +88,36 @@ def test_two_nodes_train_together_and_survive_losing_one(
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["nodes"] == 2 and summary["restarts"] == 1
+
+
+def test_the_stream_reads_and_decodes_on_a_node_that_trains_nothing(
+    two_node_cluster: str, shapes_small: Path, tmp_path: Path
+) -> None:
+    """A CPU-only node's share of a stream run: the one worker holds every CPU of its node, so Ray Data's reading and
+    OpenCV decoding (stream_decode cpu) can only run on the other node, and its blocks cross to the worker's."""
+    from ray.util.state import list_nodes, list_tasks
+
+    run = yolo_ray(
+        "train",
+        *small_run(shapes_small, tmp_path, "stream2n", "train.epochs=2", f"run.ray_address={two_node_cluster}"),
+        "data.loader=stream",
+        "data.stream_decode=cpu",
+        "scaling.num_workers=1",
+        "scaling.cpus_per_worker=1",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-5000:]
+    run_dir = tmp_path / "stream2n"
+    assert [h["epoch"] for h in read_jsonl(run_dir / "history.jsonl")] == [1, 2]
+    (rank,) = [json.loads(p.read_text()) for p in (run_dir / "ranks").glob("rank*.json")]
+    dashboard = f"http://{HEAD_IP}:8265"
+    ips = {n.node_id: n.node_ip for n in list_nodes(address=dashboard)}
+    reads = [t for t in list_tasks(address=dashboard, detail=True, limit=10_000) if "read_rows" in t.name]
+    assert reads, "no Ray Data task read the images"
+    assert {ips[t.node_id] for t in reads} == {HEAD_IP, NODE_IP} - {rank["node_ip"]}
+    for epoch in (0, 1):  # every image once an epoch, carried across from the other node
+        ids = [i for r in stream_loader.read_records(run_dir) if r["epoch"] == epoch for i in r["ids"]]
+        assert sorted(ids) == list(range(SMALL_TRAIN_IMAGES)), epoch
 
 
 def _node(cpus: float, gpus: float = 0) -> dict:
