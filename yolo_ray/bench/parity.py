@@ -31,7 +31,6 @@ from yolo_ray.bench.parity_report import combine, file_header, mark_contended, m
 from yolo_ray.bench.run_ledger import RunLedger
 from yolo_ray.bench.variant_run import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
 from yolo_ray.config import ConfigError
-from yolo_ray.config_schema import STREAM_READ_CPUS
 from yolo_ray.summary import read_history, read_jsonl
 
 
@@ -176,10 +175,8 @@ def _overrides(p: ParitySettings, entry: Entry) -> list[str]:
             validation.append(f"train.val_cpus={val_cpus}")
     else:
         validation = ["train.val=false"]  # validated once, at the last epoch: the scorers below judge the final weights
-    if entry.path == "streamworker":  # its threads decode: all but what Ray Data reads the bytes with
-        cpus = cpus - STREAM_READ_CPUS if cpus > 2 * STREAM_READ_CPUS else 0.5
-    elif entry.path.startswith("stream"):  # the training process and its decoding threads; the rest reads the stream
-        cpus = min(cpus, 2) if cpus > 2 else 0.5
+    # the stream: the run's own rule (ray_cluster.auto_cpus_per_worker), which leaves Ray Data CPUs to read with
+    worker_cpus = "auto" if entry.path.startswith("stream") else cpus
     data = [f"data.path={Path(p.data).resolve()}"] if p.data else ["data.path=synthetic"]
     return [
         f"model={p.model}",
@@ -202,7 +199,7 @@ def _overrides(p: ParitySettings, entry: Entry) -> list[str]:
         f"train.close_mosaic={p.close_mosaic}",
         "tracking.enabled=false",
         "scaling.num_workers=1",
-        f"scaling.cpus_per_worker={cpus}",
+        f"scaling.cpus_per_worker={worker_cpus}",
         f"run.storage_path={p.out_dir}",
         f"run.name={name}",
         *str(p.overrides).split(),  # last: a variant's settings win

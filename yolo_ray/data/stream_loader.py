@@ -242,9 +242,10 @@ class StreamLoader:
         self.dataset = StreamIndexDataset(images)
         self.sampler = EpochSampler(rows // max(1, world_size))
         self.ring = RingCache(ring_size(len(self.sampler), batch_size, ring_rows), imgsz, device)
-        # worker: the CPUs Ray gave this rank; device (PNG only on a GPU): the node's CPUs shared among its ranks
+        # worker: the CPUs Ray gave this rank; device (PNG only on a GPU): the node's CPUs shared among its ranks;
+        # ray: Ray Data's tasks decode, and this rank keeps no threads for it
         threads = decode_threads if decode == "worker" else node_decode_threads()
-        self.decoder = Decoder(imgsz, device, threads, "worker" if decode == "worker" else "device")
+        self.decoder = None if decode == "ray" else Decoder(imgsz, device, threads, decode)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.epochs_served: list[int] = []
         record_dir.mkdir(parents=True, exist_ok=True)
@@ -282,7 +283,7 @@ class StreamLoader:
         side = self.copy_stream
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             pixels, host, sizes = None, None, None
-            if "pixels" in rows:  # decoded by Ray Data on CPUs
+            if self.decoder is None:  # decoded by Ray Data on CPUs
                 host, sizes = torch.from_numpy(rows["pixels"]), rows["hw"]
             elif self.decoder.mode == "worker":  # decoded here, by this rank's OpenCV threads
                 host, sizes = self.decoder.slots(rows["data"], rows["file"])
@@ -313,7 +314,8 @@ class StreamLoader:
 
     def close(self) -> None:
         self.record.close()
-        self.decoder.pool.shutdown(wait=False)
+        if self.decoder is not None:
+            self.decoder.pool.shutdown(wait=False)
 
 
 class Prefetched:
