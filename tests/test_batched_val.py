@@ -63,16 +63,19 @@ def test_matching_all_images_at_once_is_ultralytics_image_by_image(seed: int, de
     assert correct.any()  # the case is not trivial
 
 
-@pytest.mark.parametrize("nms_boxes", [1 << 15, 700])  # one call for the batch; calls of a few images each
+# one call for the batch; calls of a few images each; each image's top 40 first, then 320, then all (max_det 300
+# needs every round: few of 40 boxes clustered on 8 objects survive NMS)
+@pytest.mark.parametrize(("nms_boxes", "prefix"), [(1 << 15, 2048), (700, 2048), (700, 40)])
 @pytest.mark.parametrize("device", DEVICES)
 def test_nms_over_many_images_at_once_gives_ultralytics_detections_per_image(
-    device: str, nms_boxes: int, monkeypatch: pytest.MonkeyPatch
+    device: str, nms_boxes: int, prefix: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ultralytics.utils.nms import non_max_suppression
 
     from yolo_ray.worker import batched_val
 
     monkeypatch.setattr(batched_val, "NMS_BOXES", nms_boxes)
+    monkeypatch.setattr(batched_val, "NMS_PREFIX", prefix)
     g = torch.Generator().manual_seed(0)
     bs, nc, anchors = 6, 5, 900
     centres = torch.rand(bs, 2, 8, generator=g) * 120  # boxes cluster on a few objects: NMS has work to do
@@ -83,9 +86,10 @@ def test_nms_over_many_images_at_once_gives_ultralytics_detections_per_image(
     prediction = torch.cat([xy, wh, scores], 1).to(device)
     if device == "cuda":
         prediction = prediction.half()  # as a training-mode validation's model gives them
-    for conf, max_det in ((0.001, 300), (0.25, 20)):
-        got = batched_val.batched_nms(prediction, conf, 0.7, max_det=max_det)
-        want = non_max_suppression(prediction, conf, 0.7, multi_label=True, max_det=max_det)
+    # upstream's max_nms cuts each image to its most confident boxes (here 1000 of ~4000 candidates)
+    for conf, max_det, max_nms in ((0.001, 300, 30000), (0.25, 20, 30000), (0.001, 300, 1000)):
+        got = batched_val.batched_nms(prediction, conf, 0.7, max_det=max_det, max_nms=max_nms)
+        want = non_max_suppression(prediction, conf, 0.7, multi_label=True, max_det=max_det, max_nms=max_nms)
         assert got.counts == [len(w) for w in want] and got.counts[1] == 0 and max(got.counts) > 0
         for i, w in enumerate(want):
             n = got.counts[i]
