@@ -1,5 +1,6 @@
 """benchmarks/nms_prefix_probe.py on the CPU: at a young model's scale (~40,000 candidates an image, cut to max_nms)
-NMS tried on each image's most confident boxes first gives the detections of NMS on all of them (its speed is the probe's figure, benchmarks/results/)."""
+NMS tried on each image's most confident boxes first gives the detections of NMS on all of them (its speed is the
+probe's figure, benchmarks/results/)."""
 
 from __future__ import annotations
 
