@@ -40,8 +40,9 @@ class Detections:
 def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *, max_det: int,
                 max_nms: int = 30000, agnostic: bool = False) -> Detections:  # fmt: skip
     """Ultralytics' non_max_suppression (multi-label, class-aware unless agnostic) for a whole batch, in as few
-    torchvision calls as NMS_BOXES allows: each image's boxes are moved out of every other image's reach, in float64
-    so that the move is exact (an image's boxes and their class offsets are Ultralytics' float32 values)."""
+    torchvision calls as NMS_BOXES allows (on each image's top boxes first: _greedy_keep): each image's boxes are
+    moved out of every other image's reach, in float64 so that the move is exact (an image's boxes and their class
+    offsets are Ultralytics' float32 values)."""
     if isinstance(prediction, (list, tuple)):  # training-mode model output: (inference, loss inputs)
         prediction = prediction[0]
     bs, channels, _ = prediction.shape
@@ -51,13 +52,9 @@ def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *
     boxes = ops.xywh2xyxy(pred[..., :4])[img, anchor].float()
     scores = pred[..., 4:][img, anchor, cls].float()
     cls = cls.float()
-    rows = torch.bincount(img, minlength=bs).clamp(max=max_nms)  # upstream keeps an image's max_nms most confident
-    order = scores.argsort(descending=True, stable=True)
-    order = order[img[order].argsort(stable=True)]  # by image, each in descending score
-    rank = _rank_in_image(img[order], torch.bincount(img, minlength=bs))
     offset = boxes + cls[:, None] * (0 if agnostic else MAX_WH)  # float32, as upstream
     moved = offset.double() + (img.double() * (MAX_WH * (nc + 1)))[:, None]
-    keep = _greedy_keep(moved, scores.double(), img, order, rank, rows, iou_thres, max_det)
+    keep = _greedy_keep(moved, scores.double(), img, bs, iou_thres, max_det, max_nms)
     kept = torch.bincount(img[keep], minlength=bs)
     rank = _rank_in_image(img[keep], kept)
     keep, rank = keep[rank < max_det], rank[rank < max_det]
@@ -71,30 +68,34 @@ def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *
     return Detections(out_boxes, out_conf, out_cls, counts)
 
 
-def _greedy_keep(moved: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, order: torch.Tensor,
-                 rank: torch.Tensor, rows: torch.Tensor, iou_thres: float, max_det: int) -> torch.Tensor:  # fmt: skip
-    """The rows torchvision's NMS keeps of each image's `rows` most confident, by image, each in descending score.
-    Greedy NMS keeps a box when no kept box of higher score overlaps it, so what it keeps of an image's top k is
-    what it keeps of all of them, cut to that top k: once max_det are kept there, the rest cannot reach the output.
-    So each image is tried on its top NMS_PREFIX first, and only images still short try 8x as many (a young model
-    gives ~30,000 candidates an image, and the call's mask is quadratic in them)."""
+def _greedy_keep(moved: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, bs: int, iou_thres: float,
+                 max_det: int, max_nms: int) -> torch.Tensor:  # fmt: skip
+    """The rows torchvision's NMS keeps of each image's max_nms most confident (as upstream), by image, each in
+    descending score. Greedy NMS keeps a box when no kept box of higher score overlaps it, so what it keeps of an
+    image's top k is what it keeps of all of them, cut to that top k: once max_det are kept there, the rest cannot
+    reach the output. So each image is tried on its top NMS_PREFIX first, and only images still short try 8x as
+    many (a young model gives ~30,000 candidates an image, and the call's mask is quadratic in them)."""
     import torchvision
 
-    bs = rows.numel()
+    candidates = torch.bincount(img, minlength=bs)
+    rows = candidates.clamp(max=max_nms)
+    order = scores.argsort(descending=True, stable=True)
+    order = order[img[order].argsort(stable=True)]  # by image, each in descending score
+    img_in_order = img[order]
+    rank = _rank_in_image(img_in_order, candidates)
     pending = torch.ones(bs, dtype=torch.bool, device=img.device)
     parts, k = [], NMS_PREFIX
     while True:
         k = min(k, int(rows.max()))
-        take = order[(rank < torch.minimum(rows, rows.new_tensor(k))[img[order]]) & pending[img[order]]]
+        take = order[(rank < rows.clamp(max=k)[img_in_order]) & pending[img_in_order]]
         per_image = torch.bincount(img[take], minlength=bs).tolist()
         calls = [take[a:b] for a, b in _spans([n for n in per_image if n])]  # whole images, by image
         keep = torch.cat([c[torchvision.ops.nms(moved[c], scores[c], iou_thres)] for c in calls])
-        keep = keep[img[keep].argsort(stable=True)]  # by image, each in descending score (as each call returns them)
         done = pending & ((torch.bincount(img[keep], minlength=bs) >= max_det) | (rows <= k))
         parts.append(keep[done[img[keep]]])
         pending &= ~done
         if not bool(pending.any()):
-            keep = torch.cat(parts)
+            keep = torch.cat(parts)  # each image from one call, in descending score (as each call returns them)
             return keep[img[keep].argsort(stable=True)]
         k *= 8
 
