@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yolo_ray.data.image_decode import decode_cpu, resize_cpu
 from yolo_ray.data.stream_loader import Decoder
-from yolo_ray.data.stream_pipeline import decode_cpu, resize_cpu
 
 
 def probe(folder: Path, n: int, imgsz: int = 640, batch: int = 64) -> dict:

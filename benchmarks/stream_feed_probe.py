@@ -18,13 +18,16 @@ import shutil
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
 import yaml
 
-from yolo_ray.data.stream_pipeline import decode_cpu, read_rows, resize_cpu
+from yolo_ray.data.image_decode import decode_cpu, decode_into, resize_cpu
+from yolo_ray.data.stream_pipeline import read_rows
 from yolo_ray.data.stream_source import Filesystem, label_path
 
 
@@ -97,7 +100,7 @@ def to_device(b: dict, mode: str, host: object, decoder: object = None) -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if mode == "bytes":  # Ray Data's side alone: the compressed bytes, not decoded
         return
-    if mode == "worker":  # this process decodes (stream_loader.Decoder, OpenCV threads) into pinned memory
+    if mode in ("worker", "threads"):  # decoded by this process's workers (processes or threads) into pinned memory
         pixels, _ = decoder.slots(b["data"], b["file"])  # type: ignore[union-attr]
         pixels.to(dev, non_blocking=True)
         torch.cuda.synchronize() if dev == "cuda" else None
@@ -111,6 +114,25 @@ def to_device(b: dict, mode: str, host: object, decoder: object = None) -> None:
         buf[i, : im.shape[0], : im.shape[1]] = torch.from_numpy(im)
     buf.to(dev, non_blocking=True)
     torch.cuda.synchronize() if dev == "cuda" else None
+
+
+class ThreadDecoder:
+    """stream_decode worker until 2026-12-05: OpenCV threads of the consumer's process into one pinned batch."""
+
+    def __init__(self, imgsz: int, device: Any, threads: int):
+        import torch
+
+        self.imgsz, self.pinned, self.pool = imgsz, device.type == "cuda", ThreadPoolExecutor(max(1, threads))
+        self.empty = lambda n: torch.empty((n, imgsz, imgsz, 3), dtype=torch.uint8, pin_memory=self.pinned)
+
+    def slots(self, data: np.ndarray, files: np.ndarray) -> tuple[Any, np.ndarray]:
+        out = self.empty(len(data))
+        host = out.numpy()
+        hw = self.pool.map(lambda i: decode_into(host[i], data[i], str(files[i])), range(len(data)))
+        return out, np.array(list(hw), dtype=np.int32).reshape(-1, 2)
+
+    def close(self) -> None:
+        self.pool.shutdown()
 
 
 def feed(
@@ -128,20 +150,24 @@ def feed(
     """mode: plain (imgsz^2 slots), crop (each image at its size, padded on the consumer into pinned memory),
     free (plain, with Ray Data's per-operator object store reservation off), free10 (free, and 10 x the
     downstream capacity an operator may queue for); with the reservation off as the pipeline has it: bytes (Ray Data
-    reads the compressed bytes, nothing decodes), worker (bytes, decoded here by `threads` OpenCV threads:
-    data.stream_decode worker)."""
+    reads the compressed bytes, nothing decodes), worker (bytes, decoded here by `threads` - 1 processes:
+    data.stream_decode worker), threads (bytes, decoded here by `threads` OpenCV threads: stream_decode worker
+    until 2026-12-05)."""
     import ray.data
     import torch
     from ray.data import DataContext, RandomSeedConfig
 
     ctx = DataContext.get_current()
-    ctx.op_resource_reservation_enabled = mode not in ("free", "free10", "bytes", "worker")
-    on_cpu = mode not in ("bytes", "worker")
-    decoder = None
+    ctx.op_resource_reservation_enabled = mode not in ("free", "free10", "bytes", "worker", "threads")
+    on_cpu = mode not in ("bytes", "worker", "threads")
+    decoder: Any = None
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if mode == "worker":
         from yolo_ray.data.stream_loader import Decoder
 
-        decoder = Decoder(640, torch.device("cuda" if torch.cuda.is_available() else "cpu"), threads, mode="worker")
+        decoder = Decoder(640, dev, threads, mode="worker", batch=batch)
+    elif mode == "threads":
+        decoder = ThreadDecoder(640, dev, threads)
     ctx.downstream_capacity_backpressure_ratio = 10.0 if mode == "free10" else 2.0
     host = torch.empty((batch, 640, 640, 3), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
     ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // rows_per_block))
@@ -167,13 +193,22 @@ def feed(
         dt = time.perf_counter() - t
         cpu = cpu_since(cpu0)
         row = {"rows_per_block": rows_per_block, "to_gpu": to_gpu, "prefetch": prefetch, "mode": mode, "epoch": epoch,
-               "task_cpus": task_cpus, **({"threads": threads} if mode == "worker" else {})}  # fmt: skip
+               "task_cpus": task_cpus, **({"threads": threads} if decoder is not None else {})}  # fmt: skip
         out.append({**row, "images": n, "s": round(dt, 2), "images_per_s": round(n / dt, 1),
                     "consumer_wait_share": round(wait / dt, 3), "tasks_running_mean": tasks.mean(),
                     "ray_cpu_ms_per_image": round(cpu / n * 1000, 2)})  # fmt: skip
         print(out[-1], flush=True)
     print(shard.stats()[-3000:], flush=True)
+    if decoder is not None:
+        decoder.close()
     return out
+
+
+def spin() -> None:
+    """Pure Python for ever: the training thread's share of the GIL (Ultralytics' loop, the loss's Python)."""
+    n = 0
+    while True:
+        n += 1
 
 
 def main() -> None:
@@ -184,10 +219,11 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="",
-        help="BLOCK:to_gpu(0|1):prefetch[:plain|crop|free|free10|bytes|worker],... (not --blocks)",
+        help="BLOCK:to_gpu(0|1):prefetch[:plain|crop|free|free10|bytes|worker|threads],... (not --blocks)",
     )
-    ap.add_argument("--threads", type=int, default=13, help="worker mode: this process's decoding threads")
+    ap.add_argument("--threads", type=int, default=13, help="worker: its CPUs (processes: one fewer); threads: threads")
     ap.add_argument("--task-cpus", type=float, default=1.0, help="each read task's num_cpus (the pipeline's: 1)")
+    ap.add_argument("--busy", action="store_true", help="a thread of the consumer runs Python all along (as training)")
     ap.add_argument("--skip-decode", action="store_true", help="skip the bare OpenCV timing")
     ap.add_argument("--out", default="benchmarks/runs-feed/feed.json")
     a = ap.parse_args()
@@ -196,7 +232,7 @@ def main() -> None:
     files = sorted(str(f) for f in folder.iterdir())
     out_dir = Path(a.out).parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    report: dict = {"images": len(files), "cpus": os.cpu_count()}
+    report: dict = {"images": len(files), "cpus": os.cpu_count(), "busy": a.busy}
     if not a.skip_decode:
         report["decode_ms_1_process"] = round(decode_ms(files[:256]), 2)
         procs = (os.cpu_count() or 2) - 1
@@ -214,6 +250,8 @@ def main() -> None:
     report["object_store_gib"] = round(ray.cluster_resources().get("object_store_memory", 0) / 2**30, 1)
     report["dev_shm_gib"] = round(shutil.disk_usage("/dev/shm").total / 2**30, 1)
     print(report, flush=True)
+    if a.busy:
+        threading.Thread(target=spin, daemon=True).start()
     for k, gpu, pre, mode in variants:
         profile = out_dir / f"task-{k}-{gpu}-{pre}-{mode}.pyspy.txt"
         report["feed"] += feed(rows, int(k), 64, a.epochs, profile, gpu == "1", int(pre), mode, a.threads, a.task_cpus)

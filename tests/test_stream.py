@@ -20,7 +20,16 @@ import torch
 from conftest import ENV, free_port, ultralytics_train_dataset, yolo_ray
 
 from yolo_ray.config import ConfigError, load
-from yolo_ray.data import checks, device_augment, device_cache, stream_loader, stream_pipeline, stream_source
+from yolo_ray.data import (
+    checks,
+    decode_pool,
+    device_augment,
+    device_cache,
+    image_decode,
+    stream_loader,
+    stream_pipeline,
+    stream_source,
+)
 from yolo_ray.data.synth import SynthSpec, generate
 from yolo_ray.summary import read_jsonl
 
@@ -185,13 +194,13 @@ def test_cli_exits_2_before_ray_starts(s3: S3Server, scenes: Path, tmp_path: Pat
 
 def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
     """Every decoder gives the images Ultralytics' load_image gives (long side imgsz, aspect kept, RGB): OpenCV in
-    Ray Data tasks and in the worker's threads to the pixel (the worker's in a padded batch, PAD around each image),
-    the device path's torch resize within a grey level on average."""
+    Ray Data tasks and in the worker's own processes to the pixel (the worker's in a padded batch, PAD around each
+    image), the device path's torch resize within a grey level on average."""
     _, dataset = ultralytics_train_dataset(scenes, 160)
     dataset.augment = False
     decoder = stream_loader.Decoder(160, torch.device("cpu"), threads=2)
-    worker = stream_loader.Decoder(160, torch.device("cpu"), threads=3, mode="worker")
     picked = list(range(0, len(dataset), 7))
+    worker = stream_loader.Decoder(160, torch.device("cpu"), threads=3, mode="worker", batch=len(picked))
     files = np.array([dataset.im_files[i] for i in picked])
     data = np.array([Path(f).read_bytes() for f in files] + [b""], dtype=object)[:-1]
     batch, sizes = worker.slots(data, files)
@@ -205,7 +214,7 @@ def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
         want, _, (h, w) = dataset.load_image(i)
         want = want[..., ::-1]
         kinds[Path(files[k]).suffix] += 1
-        cpu = stream_pipeline.resize_cpu(stream_pipeline.decode_cpu(data[k], files[k]), 160)
+        cpu = image_decode.resize_cpu(image_decode.decode_cpu(data[k], files[k]), 160)
         assert cpu.shape == want.shape and np.array_equal(cpu, want)
         slot = batch[k].numpy()
         assert tuple(sizes[k]) == want.shape[:2] and np.array_equal(slot[:h, :w], want)
@@ -214,6 +223,26 @@ def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
         assert dev.shape == want.shape
         assert np.abs(dev.astype(int) - want.astype(int)).mean() < 1.0
     assert kinds[".png"] and kinds[".jpg"] and min(h for h, _ in sizes) < 160 and min(w for _, w in sizes) < 160
+    decoder.close()
+    worker.close()
+
+
+def test_decode_pool_reuses_its_shared_batches_in_turn(scenes: Path) -> None:
+    """More batches than the pool has shared batches, of different sizes: each comes back as the images decoded
+    alone, and a batch handed out earlier (a copy of its own on a CPU) is not overwritten by the later ones."""
+    files = sorted(str(f) for f in (scenes / "train" / "images").iterdir())[:10]
+    data = np.array([Path(f).read_bytes() for f in files] + [b""], dtype=object)[:-1]
+    pool = decode_pool.DecodePool(96, 4, processes=2, depth=2, device=torch.device("cpu"))
+    try:
+        got = [pool.decode(data[i : i + n], np.array(files[i : i + n])) for i, n in ((0, 4), (4, 3), (7, 3), (2, 4))]
+    finally:
+        pool.close()
+    for (batch, hw), (i, n) in zip(got, ((0, 4), (4, 3), (7, 3), (2, 4)), strict=True):
+        assert batch.shape == (n, 96, 96, 3)
+        for k in range(n):
+            want = np.empty((96, 96, 3), np.uint8)
+            assert tuple(hw[k]) == image_decode.decode_into(want, data[i + k], files[i + k])
+            assert np.array_equal(batch[k].numpy(), want)
 
 
 def test_labels_parse_as_ultralytics_reads_them() -> None:

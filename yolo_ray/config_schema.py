@@ -50,14 +50,15 @@ class DataSection:
     # yolo_ray names them; above it the run is refused before it starts
     max_bad_fraction: float = 0.01
     # stream only. Where images are decoded: cpu (OpenCV in Ray Data tasks, on any node's CPUs: decoded pixels
-    # travel), worker (OpenCV in threads of each Train worker: compressed bytes travel), device (JPEG with nvJPEG on
-    # the GPU, others as worker), auto (cpu: faster than device on one H200; worker not yet measured there)
+    # travel), worker (OpenCV in processes of each Train worker: compressed bytes travel), device (JPEG with nvJPEG
+    # on the GPU, others with OpenCV threads), auto (cpu: faster than device and than worker's former threads on one
+    # GPU; worker's processes not yet measured on a GPU)
     stream_decode: Literal["auto", "device", "cpu", "worker"] = "auto"
     stream_buffer: int = 0  # images kept on the device for mosaic partners; 0: min(images, 8 x batch, 1000)
     s3_endpoint: str = ""  # an S3-compatible server (http://host:port) for `train: s3://...`; "": AWS_ENDPOINT_URL
 
     def stream_decoder(self) -> str:
-        """Who decodes the stream's images: ray (Ray Data's tasks), worker (the Train worker's threads), device."""
+        """Who decodes the stream's images: ray (Ray Data's tasks), worker (the Train worker's processes), device."""
         return "ray" if self.stream_decode in ("auto", "cpu") else self.stream_decode
 
 

@@ -31,8 +31,9 @@ class StreamPlan:
     images: int  # the train split's images
     rows: int  # rows once padded to a multiple of the workers (each epoch serves them all, equally split)
     buffer: int  # data.stream_buffer: the ring's rows (0: Ultralytics' mosaic-buffer rule, stream_loader.ring_size)
-    decode: str = "ray"  # who decodes: ray (Ray Data's tasks: pixels arrive), worker (OpenCV threads here), device
-    decode_threads: int = 1  # worker/device: OpenCV threads in this rank (its whole CPUs, scaling.cpus_per_worker)
+    decode: str = "ray"  # who decodes: ray (Ray Data's tasks: pixels arrive), worker (OpenCV processes here), device
+    decode_threads: int = 1  # worker/device: this rank's whole CPUs (scaling.cpus_per_worker): decoding processes
+    # (worker: one fewer, for the training thread) or OpenCV threads (device's PNGs)
 
 
 @dataclass(frozen=True)

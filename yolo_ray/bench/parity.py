@@ -149,7 +149,7 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
         "throughput": [*use, *device_path(BenchSettings()), *GRAPHS],
     }
     # the fast path with data.loader=stream: its default decoder (data.stream_decode auto), OpenCV in Ray Data's CPU
-    # tasks, or OpenCV in the Train worker's threads
+    # tasks, or OpenCV in the Train worker's processes
     stream = [*use, "data.loader=stream", *fast, *([] if cpu else GRAPHS)]
     args["stream"], args["streamcpu"] = stream, [*stream, "data.stream_decode=cpu"]
     args["streamworker"] = [*stream, "data.stream_decode=worker"]

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-PAD = 114.0  # Ultralytics' border grey
+from yolo_ray.data.image_decode import PAD
 
 
 class DeviceCache:

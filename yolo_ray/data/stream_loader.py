@@ -4,7 +4,7 @@ GPU by the device loader's batched augmentation (device_augment.augment_batch). 
 
     Ray Data (any node's CPUs): shuffled rows -> read image bytes + label text (-> decode + resize with OpenCV:
     data.stream_decode cpu, the default) -> equal split, one shard per Train worker -> this rank, on a thread of its
-    own: (decode + resize with OpenCV in this rank's threads: `worker`; or with nvJPEG + a resize on the device:
+    own: (decode + resize with OpenCV in this rank's processes: `worker`; or with nvJPEG + a resize on the device:
     `device`) + label tensors -> the training thread: ring buffer on the device -> mosaic (partners from the ring)
     + affine + HSV + flips (one kernel)
 
@@ -34,10 +34,11 @@ import torch
 import torch.nn.functional as F
 
 from yolo_ray import run_layout as layout
+from yolo_ray.data.decode_pool import DecodePool, default_processes
 from yolo_ray.data.device_augment import AugmentHyp, augment_batch
 from yolo_ray.data.device_cache import PAD, DeviceCache, Labels, label_tensors
 from yolo_ray.data.device_loader import decode_threads as node_decode_threads
-from yolo_ray.data.stream_pipeline import decode_cpu, decode_into, resized_hw
+from yolo_ray.data.image_decode import decode_cpu, resized_hw
 
 PREFETCH_BATCHES = 4  # batches Ray Data keeps ready for each rank
 
@@ -145,21 +146,27 @@ class RingCache:
 class Decoder:
     """This rank's decoding of Ray Data's bytes. `device` (stream_decode device): JPEG on the device with nvJPEG
     (torchvision, a batch at a time), other formats (and every image on a CPU device) with OpenCV in threads, then
-    resized on the device. `worker`: every image decoded and resized with OpenCV in threads, as Ray Data's tasks do
-    it with stream_decode cpu (to the pixel Ultralytics' load_image), into one padded host batch."""
+    resized on the device. `worker`: every image decoded and resized with OpenCV by this rank's own processes
+    (decode_pool.py), as Ray Data's tasks do it with stream_decode cpu (to the pixel Ultralytics' load_image), into
+    one padded host batch."""
 
-    def __init__(self, imgsz: int, device: torch.device, threads: int, mode: str = "device"):
+    def __init__(self, imgsz: int, device: torch.device, threads: int, mode: str = "device", batch: int = 0):
         self.imgsz, self.device, self.mode = imgsz, device, mode
-        self.pool = ThreadPoolExecutor(max(1, threads))
+        self.pool = ThreadPoolExecutor(max(1, threads)) if mode == "device" else None
+        # 3 host batches: one being decoded while the last two may still be on their way to the device
+        self.procs = DecodePool(imgsz, batch, default_processes(threads), 3, device) if mode == "worker" else None
 
     def slots(self, data: np.ndarray, files: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        """mode worker: the batch as [B, imgsz, imgsz, 3] (pinned on a GPU host, for one copy without a wait) and its
-        images' (h, w); the threads write their images' slots in place."""
-        pinned = self.device.type == "cuda"
-        out = torch.empty((len(data), self.imgsz, self.imgsz, 3), dtype=torch.uint8, pin_memory=pinned)
-        host = out.numpy()
-        hw = self.pool.map(lambda i: decode_into(host[i], data[i], str(files[i])), range(len(data)))
-        return out, np.array(list(hw), dtype=np.int32).reshape(-1, 2)
+        """mode worker: the batch as [B, imgsz, imgsz, 3] (page-locked on a GPU host, for one copy without a wait)
+        and its images' (h, w)."""
+        assert self.procs is not None
+        return self.procs.decode(data, files)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+        if self.procs is not None:
+            self.procs.close()
 
     def __call__(self, data: np.ndarray, files: np.ndarray) -> list[torch.Tensor]:
         out: list[torch.Tensor | None] = [None] * len(data)
@@ -245,7 +252,7 @@ class StreamLoader:
         # worker: the CPUs Ray gave this rank; device (PNG only on a GPU): the node's CPUs shared among its ranks;
         # ray: Ray Data's tasks decode, and this rank keeps no threads for it
         threads = decode_threads if decode == "worker" else node_decode_threads()
-        self.decoder = None if decode == "ray" else Decoder(imgsz, device, threads, decode)
+        self.decoder = None if decode == "ray" else Decoder(imgsz, device, threads, decode, batch_size)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.epochs_served: list[int] = []
         record_dir.mkdir(parents=True, exist_ok=True)
@@ -285,10 +292,12 @@ class StreamLoader:
             pixels, host, sizes = None, None, None
             if self.decoder is None:  # decoded by Ray Data on CPUs
                 host, sizes = torch.from_numpy(rows["pixels"]), rows["hw"]
-            elif self.decoder.mode == "worker":  # decoded here, by this rank's OpenCV threads
+            elif self.decoder.mode == "worker":  # decoded here, by this rank's OpenCV processes
                 host, sizes = self.decoder.slots(rows["data"], rows["file"])
             if host is not None:
                 pixels = self.upload(host)
+                if self.decoder is not None and self.decoder.procs is not None:  # its shared host batch is
+                    self.decoder.procs.used(side)  # free again once this copy is done
                 images = [pixels[i, :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
             else:
                 images = self.decoder(rows["data"], rows["file"])
@@ -315,7 +324,7 @@ class StreamLoader:
     def close(self) -> None:
         self.record.close()
         if self.decoder is not None:
-            self.decoder.pool.shutdown(wait=False)
+            self.decoder.close()
 
 
 class Prefetched:

@@ -5,7 +5,6 @@ stream_loader.py is the rank's side (it decodes the bytes itself with stream_dec
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from yolo_ray import run_layout as layout
-from yolo_ray.data.device_augment import PAD
+from yolo_ray.data.image_decode import decode_into
 from yolo_ray.data.stream_source import Filesystem
 from yolo_ray.summary import newest_checkpoint
 
@@ -43,46 +42,6 @@ def read_rows(batch: dict[str, np.ndarray], fs: Filesystem, imgsz: int, decode: 
     hw = np.array([decode_into(pixels[i], d, batch["image"][i]) for i, (d, _) in enumerate(got)], dtype=np.int32)
     out.update(pixels=pixels, hw=hw)
     return out
-
-
-def decode_into(slot: np.ndarray, data: bytes, name: str) -> tuple[int, int]:
-    """One image decoded and resized as load_image does it into an imgsz^2 slot (HWC, RGB), the rest of the slot
-    PAD; returns its (h, w). Resized in BGR, as load_image does, and turned RGB in the copy into the slot (one copy of
-    the image fewer than decode_cpu then resize_cpu). OpenCV and numpy release the GIL, so threads can share this."""
-    im = resize_cpu(decode_bgr(data, name), slot.shape[0])
-    h, w = im.shape[:2]
-    slot[:h, :w] = im[..., ::-1]
-    slot[h:] = int(PAD)
-    slot[:h, w:] = int(PAD)
-    return h, w
-
-
-def decode_cpu(data: bytes, name: str) -> np.ndarray:
-    """RGB uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour) then its BGR -> RGB."""
-    return np.ascontiguousarray(decode_bgr(data, name)[..., ::-1])
-
-
-def decode_bgr(data: bytes, name: str) -> np.ndarray:
-    """BGR uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour)."""
-    import cv2
-
-    im = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if im is None:
-        raise ValueError(f"data.loader=stream: {name} is not an image OpenCV can decode")
-    return im
-
-
-def resized_hw(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
-    """load_image's rect size: long side imgsz, ceil, never above imgsz."""
-    r = imgsz / max(h0, w0)
-    return (h0, w0) if r == 1 else (min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz))
-
-
-def resize_cpu(im: np.ndarray, imgsz: int) -> np.ndarray:
-    import cv2
-
-    h, w = resized_hw(*im.shape[:2], imgsz)
-    return im if (h, w) == im.shape[:2] else cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
 
 
 def pipeline(

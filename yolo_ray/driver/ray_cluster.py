@@ -162,7 +162,7 @@ def auto_cpus_per_worker(
         for n in nodes
         if n["Resources"].get("GPU", 0) >= 1
     ]
-    if cfg.data.loader == "stream" and cfg.data.stream_decoder() == "worker":  # its threads decode: all of its
+    if cfg.data.loader == "stream" and cfg.data.stream_decoder() == "worker":  # its processes decode: all of its
         return float(max(1, min(shares, default=4) - STREAM_READ_CPUS))  # share but what Ray Data reads bytes with
     # stream: no loader processes; the training process's threads (PNG decoding, copies), the rest to Ray Data
     loader_cpus = 2 if cfg.data.loader == "stream" else cfg.train.workers + 1

@@ -1,0 +1,77 @@
+"""stream_decode worker: the Train worker's own decoding processes. Threads could not do it: each image's OpenCV and
+numpy calls release and retake the GIL several times, and a thread retaking it while another runs Python waits up to
+the switch interval (5 ms). On this repo's 2-CPU machine one decoding thread beside a thread running Python went from
+395 to 37 images/s (`python benchmarks/decode_gil_probe.py DIR`); on an H100 host 13 threads in the Train worker fed
+557-569 images/s while the in-memory path trained at 1058. Processes share no GIL: they get the compressed bytes
+(~130 KB an image) and write each image, decoded, resized and padded, straight into a host batch in shared memory
+that the training process copies to the GPU. They are spawned, not forked (a forked copy of a Ray worker, its gRPC
+threads included, hung), and import numpy and OpenCV only (image_decode.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context, shared_memory
+
+import numpy as np
+import torch
+
+from yolo_ray.data import image_decode
+
+
+class DecodePool:
+    """`processes` decoding processes writing into `depth` host batches of [batch, imgsz, imgsz, 3] uint8 in shared
+    memory, used in turn. On a GPU the batches are page-locked (one copy to the device, without a wait) and a batch is
+    written again only once its last copy to the device is done (`used`)."""
+
+    def __init__(self, imgsz: int, batch: int, processes: int, depth: int, device: torch.device):
+        self.processes, self.depth, self.next, self.last = max(1, processes), depth, 0, 0
+        shape = (depth, max(1, batch), imgsz, imgsz, 3)
+        self.shm = shared_memory.SharedMemory(create=True, size=int(np.prod(shape)))
+        self.batches = np.ndarray(shape, np.uint8, buffer=self.shm.buf)
+        self.pinned = device.type == "cuda" and self._pin(self.batches)
+        self.copied: list[torch.cuda.Event | None] = [None] * depth
+        self.pool = ProcessPoolExecutor(
+            self.processes, get_context("spawn"), initializer=image_decode.attach, initargs=(self.shm.name, shape)
+        )
+
+    @staticmethod
+    def _pin(batches: np.ndarray) -> bool:
+        """Page-locks the shared batches for asynchronous copies; False (pageable copies) if CUDA refuses."""
+        return int(torch.cuda.cudart().cudaHostRegister(batches.ctypes.data, batches.nbytes, 0)) == 0
+
+    def decode(self, data: np.ndarray, files: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """A batch of image bytes -> ([B, imgsz, imgsz, 3] host tensor, (h, w) of each). On a GPU the tensor is the
+        shared batch itself: call `used` once its copy is queued. On a CPU it is a copy of its own."""
+        k, self.next = self.next, (self.next + 1) % self.depth
+        if self.copied[k] is not None:
+            self.copied[k].synchronize()  # the batch it held before has reached the device
+        chunks = [c.tolist() for c in np.array_split(np.arange(len(data)), self.processes) if len(c)]
+        jobs = [
+            self.pool.submit(image_decode.decode_chunk, k, c, [bytes(data[i]) for i in c], [str(files[i]) for i in c])
+            for c in chunks
+        ]
+        hw = [s for j in jobs for s in j.result()]
+        out, self.last = torch.from_numpy(self.batches[k, : len(data)]), k
+        return (out if self.pinned else out.clone()), np.array(hw, dtype=np.int32).reshape(-1, 2)
+
+    def used(self, stream: torch.cuda.Stream | None) -> None:
+        """The last batch's copy to the device is queued on `stream`: its shared batch waits for it."""
+        if self.pinned and stream is not None:
+            self.copied[self.last] = stream.record_event()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.pinned:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaHostUnregister(self.batches.ctypes.data)
+        del self.batches
+        with contextlib.suppress(BufferError):  # a tensor over it still alive: the mapping goes with the process
+            self.shm.close()
+        self.shm.unlink()
+
+
+def default_processes(cpus: float) -> int:
+    """One decoding process per CPU Ray gave the rank, less one for its training thread."""
+    return max(1, min(int(cpus) - 1, os.cpu_count() or 1))

@@ -1,0 +1,72 @@
+"""One image's bytes -> RGB uint8 at long side imgsz, as Ultralytics' load_image makes it (OpenCV). Light on purpose:
+numpy and OpenCV only, so the stream's decoding processes (decode_pool.py) start without importing torch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+PAD = 114.0  # Ultralytics' border grey
+
+
+def decode_into(slot: np.ndarray, data: bytes, name: str) -> tuple[int, int]:
+    """One image decoded and resized as load_image does it into an imgsz^2 slot (HWC, RGB), the rest of the slot
+    PAD; returns its (h, w). Resized in BGR, as load_image does, and turned RGB in the copy into the slot (one copy of
+    the image fewer than decode_cpu then resize_cpu). OpenCV and numpy release the GIL, so threads can share this."""
+    im = resize_cpu(decode_bgr(data, name), slot.shape[0])
+    h, w = im.shape[:2]
+    slot[:h, :w] = im[..., ::-1]
+    slot[h:] = int(PAD)
+    slot[:h, w:] = int(PAD)
+    return h, w
+
+
+def decode_cpu(data: bytes, name: str) -> np.ndarray:
+    """RGB uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour) then its BGR -> RGB."""
+    return np.ascontiguousarray(decode_bgr(data, name)[..., ::-1])
+
+
+def decode_bgr(data: bytes, name: str) -> np.ndarray:
+    """BGR uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour)."""
+    import cv2
+
+    im = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    if im is None:
+        raise ValueError(f"data.loader=stream: {name} is not an image OpenCV can decode")
+    return im
+
+
+def resized_hw(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
+    """load_image's rect size: long side imgsz, ceil, never above imgsz."""
+    r = imgsz / max(h0, w0)
+    return (h0, w0) if r == 1 else (min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz))
+
+
+def resize_cpu(im: np.ndarray, imgsz: int) -> np.ndarray:
+    import cv2
+
+    h, w = resized_hw(*im.shape[:2], imgsz)
+    return im if (h, w) == im.shape[:2] else cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
+
+
+_SHARED: dict[str, Any] = {}  # in a decoding process: the pool's shared host batches
+
+
+def attach(name: str, shape: tuple[int, ...]) -> None:
+    """A decoding process's initializer (decode_pool.py): maps the pool's shared host batches. One process per CPU,
+    so OpenCV runs single-threaded in it."""
+    from multiprocessing import shared_memory
+
+    import cv2
+
+    cv2.setNumThreads(1)
+    shm = shared_memory.SharedMemory(name=name)  # the pool's owner unlinks it
+    _SHARED.update(shm=shm, batches=np.ndarray(shape, np.uint8, buffer=shm.buf))
+
+
+def decode_chunk(k: int, slots: list[int], data: list[bytes], names: list[str]) -> list[tuple[int, int]]:
+    """In a decoding process: images into shared batch k's slots; their (h, w)."""
+    batch = _SHARED["batches"][k]
+    return [decode_into(batch[i], d, n) for i, d, n in zip(slots, data, names, strict=True)]
