@@ -122,7 +122,7 @@ class ThreadDecoder:
     def __init__(self, imgsz: int, device: Any, threads: int):
         import torch
 
-        self.imgsz, self.pinned, self.pool = imgsz, device.type == "cuda", ThreadPoolExecutor(max(1, threads))
+        self.pinned, self.pool = device.type == "cuda", ThreadPoolExecutor(max(1, threads))
         self.empty = lambda n: torch.empty((n, imgsz, imgsz, 3), dtype=torch.uint8, pin_memory=self.pinned)
 
     def slots(self, data: np.ndarray, files: np.ndarray) -> tuple[Any, np.ndarray]:

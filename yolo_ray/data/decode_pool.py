@@ -26,7 +26,7 @@ class DecodePool:
     written again only once its last copy to the device is done (`used`)."""
 
     def __init__(self, imgsz: int, batch: int, processes: int, depth: int, device: torch.device):
-        self.processes, self.depth, self.next, self.last = max(1, processes), depth, 0, 0
+        self.processes, self.depth, self.next = max(1, processes), depth, 0
         shape = (depth, max(1, batch), imgsz, imgsz, 3)
         self.shm = shared_memory.SharedMemory(create=True, size=int(np.prod(shape)))
         self.batches = np.ndarray(shape, np.uint8, buffer=self.shm.buf)
@@ -53,13 +53,13 @@ class DecodePool:
             for c in chunks
         ]
         hw = [s for j in jobs for s in j.result()]
-        out, self.last = torch.from_numpy(self.batches[k, : len(data)]), k
+        out = torch.from_numpy(self.batches[k, : len(data)])
         return (out if self.pinned else out.clone()), np.array(hw, dtype=np.int32).reshape(-1, 2)
 
     def used(self, stream: torch.cuda.Stream | None) -> None:
         """The last batch's copy to the device is queued on `stream`: its shared batch waits for it."""
         if self.pinned and stream is not None:
-            self.copied[self.last] = stream.record_event()
+            self.copied[(self.next - 1) % self.depth] = stream.record_event()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -14,7 +14,8 @@ PAD = 114.0  # Ultralytics' border grey
 def decode_into(slot: np.ndarray, data: bytes, name: str) -> tuple[int, int]:
     """One image decoded and resized as load_image does it into an imgsz^2 slot (HWC, RGB), the rest of the slot
     PAD; returns its (h, w). Resized in BGR, as load_image does, and turned RGB in the copy into the slot (one copy of
-    the image fewer than decode_cpu then resize_cpu). OpenCV and numpy release the GIL, so threads can share this."""
+    the image fewer than decode_cpu then resize_cpu). Called in processes (Ray Data's tasks, decode_pool.py): in
+    threads beside Python-heavy ones each GIL release costs a wait (decode_pool.py)."""
     im = resize_cpu(decode_bgr(data, name), slot.shape[0])
     h, w = im.shape[:2]
     slot[:h, :w] = im[..., ::-1]
