@@ -1,6 +1,7 @@
 """The stream loader's device decoding (nvJPEG + a bilinear resize on the GPU) against OpenCV's (Ultralytics'
 load_image), image by image on a split: mean and largest |difference| in grey levels, by format, and decode speed,
-OpenCV's also in 1, 2, 4, ... threads of one process as data.stream_decode worker decodes (does the GIL let it scale?).
+OpenCV's also as data.stream_decode worker decodes: a Train worker holding 2, 3, 5, ... CPUs (1, 2, 4, ... decoding
+processes), a batch at a time.
 
     python benchmarks/decode_probe.py datasets/scale10000/train/images 512 [--out FILE]
 """
@@ -40,9 +41,11 @@ def probe(folder: Path, n: int, imgsz: int = 640, batch: int = 64) -> dict:
     timings = {}
     ways = [("device", lambda c: decoder(c, np.array(["x"] * len(c)))),
             ("opencv_1_thread", lambda c: [resize_cpu(decode_cpu(x, "x"), imgsz) for x in c])]  # fmt: skip
-    for t in worker_threads():  # data.stream_decode worker: OpenCV threads of one process into one pinned batch
-        worker = Decoder(imgsz, dev, threads=t, mode="worker")
-        ways.append((f"worker_{t}_threads", lambda c, w=worker: w.slots(c, np.array(["x"] * len(c)))))
+    workers = []
+    for t in worker_threads():  # data.stream_decode worker: a rank's processes into one pinned batch
+        worker = Decoder(imgsz, dev, threads=t + 1, mode="worker", batch=batch)
+        workers.append(worker)
+        ways.append((f"worker_{t}_processes", lambda c, w=worker: w.slots(w.submit(c, np.array(["x"] * len(c))))))
     for name, fn in ways:
         chunk = np.array(data[:batch] + [b""], dtype=object)[:-1]
         fn(chunk)
@@ -54,6 +57,8 @@ def probe(folder: Path, n: int, imgsz: int = 640, batch: int = 64) -> dict:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         timings[name] = round(3 * len(chunk) / (time.perf_counter() - t), 1)
+    for w in workers:
+        w.close()
     return {"images": len(files), "mean_abs_diff": {k: round(float(np.mean(v)), 3) for k, v in diffs.items()},
             "max_abs_diff": worst, "images_per_s": timings, "device": str(dev)}  # fmt: skip
 

@@ -101,7 +101,7 @@ def to_device(b: dict, mode: str, host: object, decoder: object = None) -> None:
     if mode == "bytes":  # Ray Data's side alone: the compressed bytes, not decoded
         return
     if mode in ("worker", "threads"):  # decoded by this process's workers (processes or threads) into pinned memory
-        pixels, _ = decoder.slots(b["data"], b["file"])  # type: ignore[union-attr]
+        pixels, _ = decoder.slots(decoder.submit(b["data"], b["file"]))  # type: ignore[union-attr]
         pixels.to(dev, non_blocking=True)
         torch.cuda.synchronize() if dev == "cuda" else None
         return
@@ -125,7 +125,11 @@ class ThreadDecoder:
         self.pinned, self.pool = device.type == "cuda", ThreadPoolExecutor(max(1, threads))
         self.empty = lambda n: torch.empty((n, imgsz, imgsz, 3), dtype=torch.uint8, pin_memory=self.pinned)
 
-    def slots(self, data: np.ndarray, files: np.ndarray) -> tuple[Any, np.ndarray]:
+    def submit(self, data: np.ndarray, files: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return data, files
+
+    def slots(self, batch: tuple[np.ndarray, np.ndarray]) -> tuple[Any, np.ndarray]:
+        data, files = batch
         out = self.empty(len(data))
         host = out.numpy()
         hw = self.pool.map(lambda i: decode_into(host[i], data[i], str(files[i])), range(len(data)))

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ENV, free_port, ultralytics_train_dataset, yolo_ray
+from conftest import ENV, SharedRay, free_port, ultralytics_train_dataset, yolo_ray
 
 from yolo_ray.config import ConfigError, load
 from yolo_ray.data import (
@@ -25,6 +25,7 @@ from yolo_ray.data import (
     decode_pool,
     device_augment,
     device_cache,
+    feed_clock,
     image_decode,
     stream_loader,
     stream_pipeline,
@@ -203,7 +204,7 @@ def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
     worker = stream_loader.Decoder(160, torch.device("cpu"), threads=3, mode="worker", batch=len(picked))
     files = np.array([dataset.im_files[i] for i in picked])
     data = np.array([Path(f).read_bytes() for f in files] + [b""], dtype=object)[:-1]
-    batch, sizes = worker.slots(data, files)
+    batch, sizes = worker.slots(worker.submit(data, files))
     ray_rows = stream_pipeline.read_rows(
         {"id": np.arange(len(files)), "image": files, "label": np.array([""] * len(files))},
         stream_source.Filesystem("local"), 160, decode=True,
@@ -228,16 +229,23 @@ def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
 
 
 def test_decode_pool_reuses_its_shared_batches_in_turn(scenes: Path) -> None:
-    """More batches than the pool has shared batches, of different sizes: each comes back as the images decoded
-    alone, and a batch handed out earlier (a copy of its own on a CPU) is not overwritten by the later ones."""
+    """More batches than the pool has shared batches, of different sizes, each submitted before the one before is
+    taken (as the loader hands them over) and one taken out of turn: each comes back as the images decoded alone, and
+    a batch handed out earlier (a copy of its own on a CPU) is not overwritten by the later ones."""
     files = sorted(str(f) for f in (scenes / "train" / "images").iterdir())[:10]
     data = np.array([Path(f).read_bytes() for f in files] + [b""], dtype=object)[:-1]
+    cuts = ((0, 4), (4, 3), (7, 3), (2, 4), (1, 2), (5, 3))
     pool = decode_pool.DecodePool(96, 4, processes=2, depth=2, device=torch.device("cpu"))
     try:
-        got = [pool.decode(data[i : i + n], np.array(files[i : i + n])) for i, n in ((0, 4), (4, 3), (7, 3), (2, 4))]
+        pending = [pool.submit(data[i : i + n], np.array(files[i : i + n])) for i, n in cuts[:2]]
+        got = [pool.result(pending[0])]
+        pending.append(pool.submit(data[7:10], np.array(files[7:10])))  # into the first's batch, taken already
+        got += [pool.result(p) for p in pending[1:]]
+        pool.submit(data[2:6], np.array(files[2:6]))  # left behind, as by an epoch cut short: the next one into
+        got += [pool.decode(data[i : i + n], np.array(files[i : i + n])) for i, n in cuts[4:]]  # its batch waits
     finally:
         pool.close()
-    for (batch, hw), (i, n) in zip(got, ((0, 4), (4, 3), (7, 3), (2, 4)), strict=True):
+    for (batch, hw), (i, n) in zip(got, cuts[:3] + cuts[4:], strict=True):
         assert batch.shape == (n, 96, 96, 3)
         for k in range(n):
             want = np.empty((96, 96, 3), np.uint8)
@@ -331,6 +339,7 @@ def test_batches_copied_on_a_side_stream_fill_the_ring_as_on_the_cpu() -> None:
         s = stream_loader.StreamLoader.__new__(stream_loader.StreamLoader)  # only the ring and the copy stream
         s.ring = stream_loader.RingCache(96, 640, torch.device(dev), max_boxes=8)
         s.copy_stream = torch.cuda.Stream() if dev == "cuda" else None
+        s.decoder, s.feed_clock = None, feed_clock.FeedClock()  # decoded by Ray Data
         loaders.append(s)
     for step in range(7):
         rows = {
@@ -349,6 +358,54 @@ def test_batches_copied_on_a_side_stream_fill_the_ring_as_on_the_cpu() -> None:
     a, b = (s.ring.view() for s in loaders)
     assert torch.equal(a.images, b.images.cpu()) and torch.equal(a.hw, b.hw.cpu())
     assert torch.equal(a.valid, b.valid.cpu()) and torch.equal(a.boxes[a.valid], b.boxes.cpu()[b.valid.cpu()])
+
+
+def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_ray: SharedRay, tmp_path: Path) -> None:
+    """On a real Ray Data shard: once an epoch's rows are read, the feed reads the next epoch's before the trainer asks
+    for it (Ray Data's start of an epoch overlaps this one's end), but never past the run's epochs unless asked; an
+    epoch the trainer leaves early is skipped, so the next serves each image once; every epoch has its own order."""
+    import ray
+
+    files = sorted(str(f) for f in (scenes / "train" / "images").iterdir())[:48]
+    rows = [{"id": i, "image": f, "label": stream_source.label_path(f)} for i, f in enumerate(files)]
+    shared_ray.env()  # started if another test stopped it
+    ray.init(address=shared_ray.address, log_to_driver=False)
+    try:
+        ds = stream_pipeline.pipeline(rows, stream_source.Filesystem("local"), 96, True, seed=0, batch=8)
+        loader = stream_loader.StreamLoader(
+            ds.streaming_split(1, equal=True)[0], images=48, rows=48, batch_size=8, rank=0, world_size=1,
+            hyp=device_augment.AugmentHyp(), seed=0, device=torch.device("cpu"), imgsz=96, ring_rows=0,
+            record_dir=tmp_path, epochs=3,
+        )  # fmt: skip
+
+        def epoch(e: int, batches: int = 99) -> list[str]:
+            loader.sampler.set_epoch(e)
+            served = []
+            for k, b in enumerate(loader):
+                served += b["im_file"]
+                if k + 1 == batches:
+                    break
+            return served
+
+        def read_started(e: int, wait: float) -> bool:
+            deadline = time.time() + wait
+            while time.time() < deadline and "read_first" not in loader.clocks.get(e, feed_clock.FeedClock()).seconds:
+                time.sleep(0.05)
+            return "read_first" in loader.clocks.get(e, feed_clock.FeedClock()).seconds
+
+        orders = [epoch(0)]
+        assert read_started(1, 60), "epoch 1 not read before it was asked for"
+        assert len(epoch(1, batches=2)) == 16  # left early
+        orders.append(epoch(2))
+        assert loader.feed_clock.metrics()["feed/wait_first_s"] >= 0 and "feed/prepare_s" in loader.feed_clock.metrics()
+        assert not read_started(3, 3), "the feed read past the run's epochs unasked"
+        orders.append(epoch(3))  # a run that goes on past them still gets its epoch
+        loader.close()
+    finally:
+        ray.shutdown()
+    for order in orders:
+        assert sorted(order) == files, "each image once an epoch"
+    assert len({tuple(o) for o in orders}) == len(orders)
 
 
 def _label_text(rng: np.random.Generator) -> str:
@@ -406,6 +463,10 @@ def test_streamed_run_learns(s3_run: Path) -> None:
     assert losses[-1] < 0.8 * losses[0] and losses[FAIL_AFTER_EPOCH] < losses[0], losses
     val_box = [h["val/box_loss"] for h in history]  # 5.05 -> 3.14 / 3.81 / 4.04 (the least of epochs 6-8)
     assert min(val_box[-3:]) < 0.85 * val_box[0], val_box
+    # each epoch says where its feed's time went (data/feed_clock.py): the stages within the batch loop's seconds
+    for h in history:
+        stages = [h["feed/wait_first_s"], h["feed/read_first_s"], h["feed/prepare_s"], h["feed/decode_s"]]
+        assert min(stages) >= 0 and h["feed/wait_s"] + h["feed/wait_first_s"] <= h["train_time_s"], h
     summary = json.loads((s3_run / "summary.json").read_text())
     assert summary["status"] == "finished" and math.isfinite(summary["final"]["mAP50-95"])
 

@@ -47,6 +47,9 @@ def epoch_metrics(trainer: Any, train_seconds: float, resumed_from: int | None) 
     if getattr(trainer, "val_seconds", None) is not None:  # Ultralytics' per-image phases, and the whole of it
         out["val_s"] = float(trainer.val_seconds)
         out.update({f"val_ms_per_image/{k}": float(v) for k, v in trainer.validator.speed.items()})
+    feed = getattr(trainer.train_loader, "feed_clock", None)  # the stream loader's stages (data/feed_clock.py)
+    if feed is not None:
+        out.update(feed.metrics())
     if getattr(trainer, "grad_norms", None) is not None:  # the epoch's gradient norms before clipping
         out.update(trainer.grad_norms.epoch_summary())
     out["world_size"] = world = int(max(trainer.world_size, 1))

@@ -246,6 +246,7 @@ def run_one(
 
             torch.cuda.empty_cache()  # the runs beside this process need the memory more
     keys = ("wall_s", "startup_s", "loop_s", "end_s", "images_per_s", "loop_images_per_s", "peak_gpu_mem_gib")
+    keys += ("train_time_s", *sorted(k for k in row if k.startswith("feed/")))  # medians an epoch (2..n)
     return {
         **out,
         **scores,

@@ -103,8 +103,9 @@ def steady_images_per_s(rows: list[dict[str, float]], images: int) -> tuple[floa
 def history_medians(run_dir: Path) -> dict[str, float | None]:
     """yolo_ray only, from history.jsonl over epochs 2..n: the batch loop's own images/s (without the end-of-epoch
     work that images_per_s includes), and that work split: Ultralytics' (validation, CSV, the checkpoint snapshot:
-    save_s) and yolo_ray's (epoch metrics, checkpoint hand-off to Ray: report_s); and the writer thread's time per
-    checkpoint, off the training thread (checkpoint_write_s)."""
+    save_s) and yolo_ray's (epoch metrics, checkpoint hand-off to Ray: report_s); the writer thread's time per
+    checkpoint, off the training thread (checkpoint_write_s); the batch loop's seconds (train_time_s) and the stream
+    loader's stages in it (feed/*_s, data/feed_clock.py)."""
     rows = read_history(run_dir)
     rows = rows[1:] or rows
 
@@ -113,9 +114,10 @@ def history_medians(run_dir: Path) -> dict[str, float | None]:
         return round(statistics.median(values), 3) if values else None
 
     loop = median("images_per_s")
+    feed = sorted({k for r in rows for k in r if k.startswith("feed/")})
     return {
         "loop_images_per_s": loop and round(loop, 1),
-        **{k: median(k) for k in ("save_s", "report_s", "checkpoint_write_s")},
+        **{k: median(k) for k in ("save_s", "report_s", "checkpoint_write_s", "train_time_s", *feed)},
     }
 
 

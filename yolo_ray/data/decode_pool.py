@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context, shared_memory
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -20,10 +21,19 @@ import torch
 from yolo_ray.data import image_decode
 
 
+class Pending(NamedTuple):
+    """A batch being decoded: its shared batch, its size, its chunks' jobs."""
+
+    k: int
+    images: int
+    jobs: list[Future]
+
+
 class DecodePool:
     """`processes` decoding processes writing into `depth` host batches of [batch, imgsz, imgsz, 3] uint8 in shared
-    memory, used in turn. On a GPU the batches are page-locked (one copy to the device, without a wait) and a batch is
-    written again only once its last copy to the device is done (`used`)."""
+    memory, used in turn. `submit` returns at once and `result` waits, so the next batch decodes while its caller
+    finishes the one before. On a GPU the batches are page-locked (one copy to the device, without a wait) and a batch
+    is written again only once its last copy to the device is done (`used`)."""
 
     def __init__(self, imgsz: int, batch: int, processes: int, depth: int, device: torch.device):
         self.processes, self.depth, self.next = max(1, processes), depth, 0
@@ -32,6 +42,7 @@ class DecodePool:
         self.batches = np.ndarray(shape, np.uint8, buffer=self.shm.buf)
         self.pinned = device.type == "cuda" and self._pin(self.batches)
         self.copied: list[torch.cuda.Event | None] = [None] * depth
+        self.jobs: list[list[Future]] = [[] for _ in range(depth)]  # each shared batch's last writers
         self.pool = ProcessPoolExecutor(
             self.processes, get_context("spawn"), initializer=image_decode.attach, initargs=(self.shm.name, shape)
         )
@@ -41,10 +52,11 @@ class DecodePool:
         """Page-locks the shared batches for asynchronous copies; False (pageable copies) if CUDA refuses."""
         return int(torch.cuda.cudart().cudaHostRegister(batches.ctypes.data, batches.nbytes, 0)) == 0
 
-    def decode(self, data: np.ndarray, files: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        """A batch of image bytes -> ([B, imgsz, imgsz, 3] host tensor, (h, w) of each). On a GPU the tensor is the
-        shared batch itself: call `used` once its copy is queued. On a CPU it is a copy of its own."""
+    def submit(self, data: np.ndarray, files: np.ndarray) -> Pending:
+        """A batch of image bytes to the processes, in the next shared batch; returns at once, so the caller can
+        hand over the batch before (its copy, its labels) while they decode this one."""
         k, self.next = self.next, (self.next + 1) % self.depth
+        wait(self.jobs[k])  # a batch left behind (an epoch cut short) is still being written
         if self.copied[k] is not None:
             self.copied[k].synchronize()  # the batch it held before has reached the device
         chunks = [c.tolist() for c in np.array_split(np.arange(len(data)), self.processes) if len(c)]
@@ -52,14 +64,24 @@ class DecodePool:
             self.pool.submit(image_decode.decode_chunk, k, c, [bytes(data[i]) for i in c], [str(files[i]) for i in c])
             for c in chunks
         ]
-        hw = [s for j in jobs for s in j.result()]
-        out = torch.from_numpy(self.batches[k, : len(data)])
+        self.jobs[k] = jobs
+        return Pending(k, len(data), jobs)
+
+    def result(self, p: Pending) -> tuple[torch.Tensor, np.ndarray]:
+        """A submitted batch, decoded: ([B, imgsz, imgsz, 3] host tensor, (h, w) of each). On a GPU the tensor is
+        the shared batch itself: call `used` once its copy is queued. On a CPU it is a copy of its own."""
+        hw = [s for j in p.jobs for s in j.result()]
+        out = torch.from_numpy(self.batches[p.k, : p.images])
         return (out if self.pinned else out.clone()), np.array(hw, dtype=np.int32).reshape(-1, 2)
 
-    def used(self, stream: torch.cuda.Stream | None) -> None:
-        """The last batch's copy to the device is queued on `stream`: its shared batch waits for it."""
+    def decode(self, data: np.ndarray, files: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """submit, then result: one batch at a time."""
+        return self.result(self.submit(data, files))
+
+    def used(self, p: Pending, stream: torch.cuda.Stream | None) -> None:
+        """Batch p's copy to the device is queued on `stream`: its shared batch waits for it."""
         if self.pinned and stream is not None:
-            self.copied[(self.next - 1) % self.depth] = stream.record_event()
+            self.copied[p.k] = stream.record_event()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

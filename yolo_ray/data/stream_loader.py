@@ -8,13 +8,14 @@ GPU by the device loader's batched augmentation (device_augment.augment_batch). 
     `device`) + label tensors -> the training thread: ring buffer on the device -> mosaic (partners from the ring)
     + affine + HSV + flips (one kernel)
 
-Each epoch Ray Data executes the pipeline again: a new shuffle (seeded by train.seed, the epoch the worker group
-started at, and the execution's index), an
-equal split across the workers (the rows are padded to a multiple of the workers as DistributedSampler pads), so every
-image is served once per epoch on one rank. Mosaic partners come from a ring of the last min(images, 8 x batch, 1000)
-decoded images (rounded up to whole batches): Ultralytics' own rule, its Mosaic draws from a buffer of that many
-recently loaded images whenever it does not cache in RAM. Device memory for data: ring x imgsz^2 x 3 bytes (0.6 GB at
-640 px, batch 64) plus one batch being decoded; host memory: Ray Data's bounded queues, whatever the dataset's size.
+Each epoch Ray Data executes the pipeline again (the next epoch's execution starts as soon as this one's rows are
+read, so its start overlaps this epoch's end): a new shuffle (seeded by train.seed, the epoch the worker group
+started at, and the execution's index), an equal split across the workers (the rows are padded to a multiple of the
+workers as DistributedSampler pads), so every image is served once per epoch on one rank. Mosaic partners come from
+a ring of the last min(images, 8 x batch, 1000) decoded images (rounded up to whole batches): Ultralytics' own rule,
+its Mosaic draws from a buffer of that many recently loaded images whenever it does not cache in RAM. Device memory
+for data: ring x imgsz^2 x 3 bytes (0.6 GB at 640 px, batch 64) plus one batch being decoded; host memory: Ray
+Data's bounded queues, whatever the dataset's size.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import math
 import os
 import queue
 import threading
+import time
+from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -34,13 +38,16 @@ import torch
 import torch.nn.functional as F
 
 from yolo_ray import run_layout as layout
-from yolo_ray.data.decode_pool import DecodePool, default_processes
+from yolo_ray.data.decode_pool import DecodePool, Pending, default_processes
 from yolo_ray.data.device_augment import AugmentHyp, augment_batch
 from yolo_ray.data.device_cache import PAD, DeviceCache, Labels, label_tensors
 from yolo_ray.data.device_loader import decode_threads as node_decode_threads
+from yolo_ray.data.feed_clock import FeedClock
 from yolo_ray.data.image_decode import decode_cpu, resized_hw
 
 PREFETCH_BATCHES = 4  # batches Ray Data keeps ready for each rank
+EPOCH_END = object()  # the feed's mark between epochs
+DECODE_AHEAD = 1  # stream_decode worker: batches handed to the decoding processes before the one being finished
 
 
 def ring_size(images_per_rank: int, batch: int, rows: int = 0) -> int:
@@ -153,14 +160,20 @@ class Decoder:
     def __init__(self, imgsz: int, device: torch.device, threads: int, mode: str = "device", batch: int = 0):
         self.imgsz, self.device, self.mode = imgsz, device, mode
         self.pool = ThreadPoolExecutor(max(1, threads)) if mode == "device" else None
-        # 3 host batches: one being decoded while the last two may still be on their way to the device
-        self.procs = DecodePool(imgsz, batch, default_processes(threads), 3, device) if mode == "worker" else None
+        # host batches: DECODE_AHEAD + 1 being decoded while the last two may still be on their way to the device
+        procs = default_processes(threads)
+        self.procs = DecodePool(imgsz, batch, procs, DECODE_AHEAD + 3, device) if mode == "worker" else None
 
-    def slots(self, data: np.ndarray, files: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        """mode worker: the batch as [B, imgsz, imgsz, 3] (page-locked on a GPU host, for one copy without a wait)
-        and its images' (h, w)."""
+    def submit(self, data: np.ndarray, files: np.ndarray) -> Pending:
+        """mode worker: a batch's bytes to this rank's decoding processes; `slots` waits for it."""
         assert self.procs is not None
-        return self.procs.decode(data, files)
+        return self.procs.submit(data, files)
+
+    def slots(self, pending: Pending) -> tuple[torch.Tensor, np.ndarray]:
+        """mode worker: the submitted batch as [B, imgsz, imgsz, 3] (page-locked on a GPU host, for one copy without
+        a wait) and its images' (h, w)."""
+        assert self.procs is not None
+        return self.procs.result(pending)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -244,6 +257,7 @@ class StreamLoader:
         record_dir: Path,
         decode: str = "ray",
         decode_threads: int = 1,
+        epochs: int = 0,
     ):
         self.shard, self.batch_size, self.hyp, self.rank, self.seed = shard, batch_size, hyp, rank, seed
         self.dataset = StreamIndexDataset(images)
@@ -255,6 +269,12 @@ class StreamLoader:
         self.decoder = None if decode == "ray" else Decoder(imgsz, device, threads, decode, batch_size)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.epochs_served: list[int] = []
+        # epochs: the run's, read one ahead; epoch_asked: the trainer's latest
+        self.epochs, self.epoch_asked, self.asked, self.stopping = epochs, -1, threading.Condition(), False
+        self.feed: Prefetched | None = None  # the producer thread, across epochs once started
+        self.ends_owed = 0  # epochs the trainer left before their end (Ultralytics' time limit): skipped in the feed
+        self.clocks: dict[int, FeedClock] = {}
+        self.feed_clock = FeedClock()  # the epoch being served, or the last one
         record_dir.mkdir(parents=True, exist_ok=True)
         self.record = open(record_dir / f"rank{rank}.{os.getpid()}.jsonl", "a")
 
@@ -264,47 +284,110 @@ class StreamLoader:
     def __iter__(self) -> Any:
         epoch, dev = self.sampler.epoch, self.ring.device
         self.epochs_served.append(epoch)
+        with self.asked:
+            self.epoch_asked = epoch
+            self.asked.notify_all()
+        if self.feed is None:
+            # a thread of its own waits for Ray Data, decodes and builds the labels while this one trains: on one
+            # H200 doing it here in turn with the step gave 386 images/s against 1319 in memory
+            self.feed = Prefetched(self.epoch_batches(epoch), depth=2).start()
+        self.feed_clock = clock = self.clock(epoch)
         g = torch.Generator(device=dev)
         g.manual_seed(self.seed * 1_000_003 + epoch * 1009 + self.rank)
-        rows = self.shard.iter_batches(
-            batch_size=self.batch_size, batch_format="numpy", prefetch_batches=PREFETCH_BATCHES
-        )
-        # a thread of its own waits for Ray Data, decodes and builds the labels while this one trains: on one H200
-        # doing it here in turn with the step gave 386 images/s against 1319 in memory
-        with Prefetched((self.prepare(r) for r in rows), depth=2) as batches:
-            for batch in batches:
+        for batch in clock.timed("wait", self.this_epoch()):
+            with clock.stage("ring"):
                 if self.copy_stream is not None:
                     batch.hand_over(torch.cuda.current_stream(dev))
                 slots = self.ring.add(batch)
-                self.record.write(json.dumps({"epoch": epoch, "ids": batch.ids}) + "\n")
-                self.record.flush()
-                with torch.profiler.record_function("yolo_ray.augment"):
-                    img, targets = augment_batch(self.ring.view(), slots, self.hyp, g)
-                size = [(self.ring.imgsz, self.ring.imgsz)] * len(batch.files)
-                yield {**targets, "img": img, "im_file": batch.files, "ori_shape": size, "resized_shape": size}
+            self.record.write(json.dumps({"epoch": epoch, "ids": batch.ids}) + "\n")
+            self.record.flush()
+            with torch.profiler.record_function("yolo_ray.augment"), clock.stage("augment"):
+                img, targets = augment_batch(self.ring.view(), slots, self.hyp, g)
+            size = [(self.ring.imgsz, self.ring.imgsz)] * len(batch.files)
+            yield {**targets, "img": img, "im_file": batch.files, "ori_shape": size, "resized_shape": size}
 
-    def prepare(self, rows: dict[str, np.ndarray]) -> Prepared:
-        """Ray Data's rows -> decoded, resized images on the device and label tensors (the producer thread). On a
-        GPU every copy goes through pinned memory on a stream of its own, so it overlaps the training step instead
-        of waiting for it (a copy from pageable memory waits for the stream it is on)."""
-        side = self.copy_stream
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+    def this_epoch(self) -> Iterator[Prepared]:
+        """The feed's batches up to the end of an epoch (after skipping what is left of any epoch left early)."""
+        assert self.feed is not None
+        for _ in range(self.ends_owed):
+            while next(self.feed) is not EPOCH_END:
+                pass
+        self.ends_owed = 1  # until this epoch's end is reached
+        while (item := next(self.feed)) is not EPOCH_END:
+            yield item
+        self.ends_owed = 0
+
+    def clock(self, epoch: int) -> FeedClock:
+        """An epoch's clock, shared by the thread producing its batches and the one consuming them."""
+        for old in [e for e in self.clocks if e < epoch - 1]:
+            del self.clocks[old]
+        return self.clocks.setdefault(epoch, FeedClock())
+
+    def epoch_batches(self, first: int) -> Iterator[Prepared | object]:
+        """The producer thread: epoch after epoch from `first`, each epoch's prepared batches then EPOCH_END. The
+        next epoch's reading starts as soon as this one's rows are all read, so Ray Data's start of an epoch (the
+        shuffle, the first read tasks: 0.8 s of a 4.2 s epoch on 3000 images, one H100) overlaps the end of this
+        one and the trainer's end-of-epoch work, as Ultralytics' InfiniteDataLoader keeps its workers loading."""
+        epoch = first
+        while self.may_start(epoch):
+            clock = self.clock(epoch)
+            rows = self.shard.iter_batches(
+                batch_size=self.batch_size, batch_format="numpy", prefetch_batches=PREFETCH_BATCHES
+            )
+            yield from self.prepared(clock.timed("read", rows), clock)
+            yield EPOCH_END
+            epoch += 1
+
+    def may_start(self, epoch: int) -> bool:
+        """Whether to read `epoch`: at once if the run has it, else once the trainer asks for it (a run that goes on
+        past its planned epochs); False once closed."""
+        with self.asked:
+            self.asked.wait_for(lambda: epoch < self.epochs or epoch <= self.epoch_asked or self.stopping)
+            return not self.stopping
+
+    def prepared(self, rows: Iterator[dict[str, np.ndarray]], clock: FeedClock) -> Iterator[Prepared]:
+        """Ray Data's batches, prepared. stream_decode worker: each batch goes to the decoding processes DECODE_AHEAD
+        batches before it is finished, so they decode while this thread copies the one before, builds its labels and
+        waits for Ray Data."""
+        if self.decoder is None or self.decoder.procs is None:
+            yield from (self.prepare(r, clock=clock) for r in rows)
+            return
+        ahead: deque[tuple[dict[str, np.ndarray], Pending]] = deque()
+        for r in rows:
+            ahead.append((r, self.decoder.submit(r["data"], r["file"])))
+            if len(ahead) > DECODE_AHEAD:
+                yield self.prepare(*ahead.popleft(), clock)
+        while ahead:
+            yield self.prepare(*ahead.popleft(), clock)
+
+    def prepare(
+        self, rows: dict[str, np.ndarray], pending: Pending | None = None, clock: FeedClock | None = None
+    ) -> Prepared:
+        """Ray Data's rows -> decoded, resized images on the device and label tensors (the producer thread; pending:
+        the rows' images submitted to the decoding processes). On a GPU every copy goes through pinned memory on a
+        stream of its own, so it overlaps the training step instead of waiting for it (a copy from pageable memory
+        waits for the stream it is on)."""
+        side, clock = self.copy_stream, clock or FeedClock()
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), clock.stage("prepare"):
             pixels, host, sizes = None, None, None
             if self.decoder is None:  # decoded by Ray Data on CPUs
                 host, sizes = torch.from_numpy(rows["pixels"]), rows["hw"]
-            elif self.decoder.mode == "worker":  # decoded here, by this rank's OpenCV processes
-                host, sizes = self.decoder.slots(rows["data"], rows["file"])
+            elif pending is not None:  # decoded here, by this rank's OpenCV processes
+                with clock.stage("decode"):
+                    host, sizes = self.decoder.slots(pending)
             if host is not None:
                 pixels = self.upload(host)
-                if self.decoder is not None and self.decoder.procs is not None:  # its shared host batch is
-                    self.decoder.procs.used(side)  # free again once this copy is done
+                if pending is not None:  # its shared host batch is free again once this copy is done
+                    self.decoder.procs.used(pending, side)
                 images = [pixels[i, :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
             else:
-                images = self.decoder(rows["data"], rows["file"])
+                with clock.stage("decode"):
+                    images = self.decoder(rows["data"], rows["file"])
             hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)
-            parsed = [parse_labels(t) for t in rows["label_text"]]
-            labels = label_tensors([{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in parsed], hw)
-            labels = Labels(*(None if t is None else self.upload(t) for t in labels))
+            with clock.stage("labels"):
+                parsed = [parse_labels(t) for t in rows["label_text"]]
+                labels = label_tensors([{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in parsed], hw)
+                labels = Labels(*(None if t is None else self.upload(t) for t in labels))
             hw = self.upload(hw)
             ready = side.record_event() if side is not None else None
         return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], images, hw, labels, pixels, ready)
@@ -322,31 +405,38 @@ class StreamLoader:
         pass
 
     def close(self) -> None:
+        if self.feed is not None:
+            with self.asked:
+                self.stopping = True
+                self.asked.notify_all()
+            self.feed.stop()
         self.record.close()
         if self.decoder is not None:
             self.decoder.close()
 
 
 class Prefetched:
-    """Runs an iterator in a daemon thread, `depth` items ahead; its errors surface in the consumer. Leaving the
-    `with` (an epoch's end, or a failure mid-epoch) stops the thread at its next item. The thread launches CUDA
-    work on the default stream, as the training thread does, so what it queued runs before what the consumer
-    queues after taking the item."""
+    """Runs an iterator in a daemon thread, `depth` items ahead; its errors surface in the consumer. `stop` stops the
+    thread at its next item. The thread launches CUDA work on the default stream, as the
+    training thread does, so what it queued runs before what the consumer queues after taking the item."""
 
     _END = object()
 
     def __init__(self, items: Any, depth: int):
         self.items, self.queue = items, queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
+        self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="yolo_ray-stream-prefetch", daemon=True)
 
-    def __enter__(self) -> Prefetched:
+    def start(self) -> Prefetched:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        while self.thread.is_alive():  # unblock a put on a full queue
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stops the thread, waiting up to `timeout` s for it (a thread blocked inside its iterator is left, a
+        daemon)."""
+        self.stopped.set()
+        deadline = time.monotonic() + timeout
+        while self.thread.is_alive() and time.monotonic() < deadline:  # unblock a put on a full queue
             with contextlib.suppress(queue.Empty):
                 self.queue.get_nowait()
             self.thread.join(timeout=0.05)
@@ -361,20 +451,23 @@ class Prefetched:
             self._put(e)
 
     def _put(self, item: Any) -> bool:
-        while not self.stop.is_set():
+        while not self.stopped.is_set():
             with contextlib.suppress(queue.Full):
                 self.queue.put(item, timeout=0.1)
                 return True
         return False
 
-    def __iter__(self) -> Any:
-        while True:
-            item = self.queue.get()
-            if item is self._END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+    def __iter__(self) -> Prefetched:
+        return self
+
+    def __next__(self) -> Any:
+        item = self.queue.get()
+        if item is self._END:
+            self.queue.put(item)  # ended for good
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:

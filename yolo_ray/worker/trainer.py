@@ -161,6 +161,7 @@ class RayTrainer(BaseTrainer):
             record_dir=layout.stream_records(Path(self.save_dir).parent),
             decode=self.stream.decode,
             decode_threads=self.stream.decode_threads,
+            epochs=self.args.epochs,
         )
 
     def get_validator(self) -> Any:
