@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The stream loader at two dataset sizes against the in-memory fast path (issue #24), on one GPU:
 #   generate N real-shaped images at 640 px; a COPIES x N split of hard links to them (benchmarks/link_dataset.py);
-#   train on N: graphs (device cache + CUDA graphs), stream (stream_decode auto), streamcpu (OpenCV in Ray Data tasks) and
-#   streamworker (OpenCV in the Train worker's own processes);
-#   train on COPIES x N: stream. Each run's per-epoch images/s and peak GPU memory -> benchmarks/runs-scale/epochs.json
+#   train on N: graphs (device cache + CUDA graphs), stream (stream_decode auto: worker on one GPU host, OpenCV in the
+#   Train worker's own processes) and streamcpu (OpenCV in Ray Data tasks), 3 epochs;
+#   train on COPIES x N: stream, 2 epochs. Each run's per-epoch images/s and peak GPU memory -> benchmarks/runs-scale/epochs.json
 #   IMAGES=10000 COPIES=5 bash benchmarks/stream_scale.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,11 +13,11 @@ mkdir -p "$out"
 [ -f "datasets/scale$n/data.yaml" ] || python -m yolo_ray data synth "datasets/scale$n" style=real images="$n" imgsz=640 classes=5
 python benchmarks/decode_probe.py "datasets/scale$n/train/images" 512 --out "$out/decode.json"
 python -m yolo_ray bench --parity data="datasets/scale$n/data.yaml" images="$n" out_dir="$out/small" \
-  runs="${SMALL_RUNS:-graphs-e2-s0,stream-e2-s0,streamcpu-e2-s0,streamworker-e2-s0}" --out "$out/small.json"
+  runs="${SMALL_RUNS:-graphs-e3-s0,stream-e3-s0,streamcpu-e3-s0}" --out "$out/small.json"
 if [ "$copies" -gt 0 ]; then
   python benchmarks/link_dataset.py "datasets/scale$n/data.yaml" "datasets/scale${n}x$copies" "$copies"
   python -m yolo_ray bench --parity data="datasets/scale${n}x$copies/data.yaml" images=$((n * copies)) \
-    out_dir="$out/large" runs="${LARGE_RUNS:-stream-e1-s0}" --out "$out/large.json"
+    out_dir="$out/large" runs="${LARGE_RUNS:-stream-e2-s0}" --out "$out/large.json"
 fi
 python - "$out" <<'PY'
 import json, sys

@@ -25,7 +25,7 @@ from conftest import (
 
 from yolo_ray import config
 from yolo_ray.data import stream_loader
-from yolo_ray.driver import sweep, sweep_space
+from yolo_ray.driver import ray_cluster, sweep, sweep_space
 from yolo_ray.driver.ray_cluster import auto_cpus_per_worker
 
 EPOCHS = 4
@@ -123,6 +123,26 @@ def test_the_stream_reads_and_decodes_on_a_node_that_trains_nothing(
 def _node(cpus: float, gpus: float = 0) -> dict:
     """A node as ray.nodes() describes it (only what the sizing reads)."""
     return {"Alive": True, "Resources": {"CPU": cpus, **({"GPU": gpus} if gpus else {})}}
+
+
+def test_auto_stream_decode_follows_the_cluster() -> None:
+    """data.stream_decode auto: the Train workers' processes decode where every node that can has a GPU (a head's
+    few CPUs aside); Ray Data's tasks where nodes without GPUs can take the decoding, and when training on CPUs. The
+    decision sizes the workers' CPUs (all of a GPU's share but 2 for Ray Data's reading)."""
+    stream = config.load(None, ["data.loader=stream"])  # the embedded default: scaling.use_gpu auto
+    assert stream.data.stream_decode == "auto" and stream.scaling.use_gpu == "auto"
+
+    def decode(nodes: list[dict], **over: object) -> str:
+        return ray_cluster.with_stream_decode(config.apply(stream, over), nodes).data.stream_decode
+
+    assert decode([_node(16, 1)]) == "worker"
+    assert decode([_node(4), _node(32, 4)]) == "worker"  # a head node's CPUs
+    assert decode([_node(4), _node(32, 4), _node(16)]) == "cpu"  # a CPU node to decode on
+    assert decode([_node(2)]) == "cpu"  # no GPU: trains on CPUs
+    assert decode([_node(16, 1)], **{"scaling.use_gpu": False}) == "cpu"
+    assert decode([_node(16, 1)], **{"data.stream_decode": "device"}) == "device"  # chosen: kept
+    decided = ray_cluster.with_stream_decode(stream, [_node(16, 1)])
+    assert auto_cpus_per_worker(decided, True, [_node(16, 1)]) == 13
 
 
 def test_auto_cpus_per_worker() -> None:

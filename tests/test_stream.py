@@ -27,6 +27,7 @@ from yolo_ray.data import (
     device_cache,
     feed_clock,
     image_decode,
+    stream_labels,
     stream_loader,
     stream_pipeline,
     stream_source,
@@ -255,9 +256,24 @@ def test_decode_pool_reuses_its_shared_batches_in_turn(scenes: Path) -> None:
 
 def test_labels_parse_as_ultralytics_reads_them() -> None:
     text = "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n2 0.1 0.1 0.3 0.1 0.3 0.3 0.1 0.3\n\nbad\n"
-    got = stream_loader.parse_labels(text)
+    got = stream_labels.unpack(stream_labels.pack(text))
     np.testing.assert_allclose(got, [[0, 0.5, 0.5, 0.2, 0.2], [2, 0.2, 0.2, 0.2, 0.2]], atol=1e-6)  # one; a polygon
-    assert stream_loader.parse_labels("").shape == (0, 5)
+    assert stream_labels.unpack(stream_labels.pack("")).shape == (0, 5)
+
+
+def test_a_batch_of_packed_labels_is_the_device_caches_label_tensors() -> None:
+    """The rank's one-array labels (empty images and a batch of only empty ones included) hold the same boxes,
+    classes and valid slots, bit for bit, as the device cache's per-image label_tensors."""
+    rng = np.random.default_rng(0)
+    for b in (64, 3):
+        texts = [_label_text(rng) for _ in range(b)] if b > 3 else [""] * b
+        hw = rng.integers(200, 641, (b, 2)).astype(np.float32)
+        got = stream_labels.label_batch([stream_labels.pack(t) for t in texts], hw)
+        parsed = [stream_labels.parse_labels(t) for t in texts]
+        want = device_cache.label_tensors([{"cls": p[:, 0], "bboxes": p[:, 1:]} for p in parsed], torch.from_numpy(hw))
+        assert torch.equal(torch.from_numpy(got[..., :4]), want.boxes)
+        assert torch.equal(torch.from_numpy(got[..., 4]), want.cls)
+        assert torch.equal(torch.from_numpy(got[..., 5] > 0), want.valid)
 
 
 def test_ring_size_is_ultralytics_mosaic_buffer() -> None:
@@ -347,7 +363,7 @@ def test_batches_copied_on_a_side_stream_fill_the_ring_as_on_the_cpu() -> None:
             "file": np.array([f"f{i}" for i in range(64)]),
             "pixels": rng.integers(0, 255, (64, 640, 640, 3), dtype=np.uint8),
             "hw": rng.integers(200, 641, (64, 2)).astype(np.int32),
-            "label_text": np.array([_label_text(rng) for _ in range(64)], dtype=object),
+            "labels": np.array([stream_labels.pack(_label_text(rng)) for _ in range(64)], dtype=object),
         }
         for s in loaders:
             batch = s.prepare(rows)
@@ -361,9 +377,10 @@ def test_batches_copied_on_a_side_stream_fill_the_ring_as_on_the_cpu() -> None:
 
 
 def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_ray: SharedRay, tmp_path: Path) -> None:
-    """On a real Ray Data shard: once an epoch's rows are read, the feed reads the next epoch's before the trainer asks
-    for it (Ray Data's start of an epoch overlaps this one's end), but never past the run's epochs unless asked; an
-    epoch the trainer leaves early is skipped, so the next serves each image once; every epoch has its own order."""
+    """On a real Ray Data shard: the feed reads rows ahead, so the next epoch's reading starts while this one is still
+    being trained on (Ray Data's start of an epoch overlaps this one's end), but never past the run's epochs unless
+    asked; an epoch the trainer leaves early is skipped, so the next serves each image once; every epoch has its own
+    order."""
     import ray
 
     files = sorted(str(f) for f in (scenes / "train" / "images").iterdir())[:48]
@@ -393,8 +410,11 @@ def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_
                 time.sleep(0.05)
             return "read_first" in loader.clocks.get(e, feed_clock.FeedClock()).seconds
 
-        orders = [epoch(0)]
-        assert read_started(1, 60), "epoch 1 not read before it was asked for"
+        loader.sampler.set_epoch(0)
+        batches = iter(loader)
+        first = next(batches)["im_file"]
+        assert read_started(1, 60), "epoch 1 not read while epoch 0 was still being trained on"
+        orders = [first + [f for b in batches for f in b["im_file"]]]
         assert len(epoch(1, batches=2)) == 16  # left early
         orders.append(epoch(2))
         assert loader.feed_clock.metrics()["feed/wait_first_s"] >= 0 and "feed/prepare_s" in loader.feed_clock.metrics()

@@ -51,8 +51,8 @@ class DataSection:
     max_bad_fraction: float = 0.01
     # stream only. Where images are decoded: cpu (OpenCV in Ray Data tasks, on any node's CPUs: decoded pixels
     # travel), worker (OpenCV in processes of each Train worker: compressed bytes travel), device (JPEG with nvJPEG
-    # on the GPU, others with OpenCV threads), auto (cpu: faster than device and than worker's former threads on one
-    # GPU; worker's processes not yet measured on a GPU)
+    # on the GPU, others with OpenCV threads), auto (decided from the cluster: worker where every node with CPUs to
+    # spare has a GPU, cpu where nodes without GPUs can decode, or on CPUs: ray_cluster.with_stream_decode)
     stream_decode: Literal["auto", "device", "cpu", "worker"] = "auto"
     stream_buffer: int = 0  # images kept on the device for mosaic partners; 0: min(images, 8 x batch, 1000)
     s3_endpoint: str = ""  # an S3-compatible server (http://host:port) for `train: s3://...`; "": AWS_ENDPOINT_URL

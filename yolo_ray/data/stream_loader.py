@@ -2,11 +2,11 @@
 GPU by the device loader's batched augmentation (device_augment.augment_batch). Nothing grows with the dataset
 (this module is the rank's side; stream_pipeline.py the Ray Data side):
 
-    Ray Data (any node's CPUs): shuffled rows -> read image bytes + label text (-> decode + resize with OpenCV:
+    Ray Data (any node's CPUs): shuffled rows -> read image bytes + label rows, parsed (-> decode + resize with OpenCV:
     data.stream_decode cpu, the default) -> equal split, one shard per Train worker -> this rank, on a thread of its
     own: (decode + resize with OpenCV in this rank's processes: `worker`; or with nvJPEG + a resize on the device:
-    `device`) + label tensors -> the training thread: ring buffer on the device -> mosaic (partners from the ring)
-    + affine + HSV + flips (one kernel)
+    `device`) + the labels, one array -> the training thread: ring buffer on the device -> mosaic (partners from the
+    ring) + affine + HSV + flips (one kernel)
 
 Each epoch Ray Data executes the pipeline again (the next epoch's execution starts as soon as this one's rows are
 read, so its start overlaps this epoch's end): a new shuffle (seeded by train.seed, the epoch the worker group
@@ -14,8 +14,8 @@ started at, and the execution's index), an equal split across the workers (the r
 workers as DistributedSampler pads), so every image is served once per epoch on one rank. Mosaic partners come from
 a ring of the last min(images, 8 x batch, 1000) decoded images (rounded up to whole batches): Ultralytics' own rule,
 its Mosaic draws from a buffer of that many recently loaded images whenever it does not cache in RAM. Device memory
-for data: ring x imgsz^2 x 3 bytes (0.6 GB at 640 px, batch 64) plus one batch being decoded; host memory: Ray
-Data's bounded queues, whatever the dataset's size.
+for data: ring x imgsz^2 x 3 bytes (0.6 GB at 640 px, batch 64) plus the few batches on their way to it; host memory:
+Ray Data's bounded queues and this rank's rows read ahead (ROWS_AHEAD batches), whatever the dataset's size.
 """
 
 from __future__ import annotations
@@ -40,12 +40,17 @@ import torch.nn.functional as F
 from yolo_ray import run_layout as layout
 from yolo_ray.data.decode_pool import DecodePool, Pending, default_processes
 from yolo_ray.data.device_augment import AugmentHyp, augment_batch
-from yolo_ray.data.device_cache import PAD, DeviceCache, Labels, label_tensors
+from yolo_ray.data.device_cache import PAD, DeviceCache, Labels
 from yolo_ray.data.device_loader import decode_threads as node_decode_threads
 from yolo_ray.data.feed_clock import FeedClock
 from yolo_ray.data.image_decode import decode_cpu, resized_hw
+from yolo_ray.data.stream_labels import label_batch
 
 PREFETCH_BATCHES = 4  # batches Ray Data keeps ready for each rank
+# batches of rows this rank's reader keeps ahead of its decoding: enough to cover Ray Data's start of the next epoch
+# (0.6 s on 3000 images, one H100: ~10 batches at 64) with the bytes read ahead of this epoch's end; bytes (~8 MB a
+# batch of 64 at 640 px), or pixels decoded by Ray Data (78 MB a batch: fewer)
+ROWS_AHEAD, ROWS_AHEAD_DECODED = 16, 4
 EPOCH_END = object()  # the feed's mark between epochs
 DECODE_AHEAD = 1  # stream_decode worker: batches handed to the decoding processes before the one being finished
 
@@ -57,25 +62,6 @@ def ring_size(images_per_rank: int, batch: int, rows: int = 0) -> int:
 
 
 # --------------------------------------------------------------------------------------------- this rank's side
-
-
-def parse_labels(text: str) -> np.ndarray:
-    """[k, 5] (class, x, y, w, h normalised) of a YOLO label file; polygon rows become their boxes and duplicate
-    rows go, as Ultralytics' verify_image_label does for a detection dataset."""
-    rows = []
-    for line in text.splitlines():
-        v = line.split()
-        if len(v) < 5:
-            continue
-        nums = [float(x) for x in v]
-        if len(v) > 5:  # a segment: its box
-            xy = np.array(nums[1:], dtype=np.float32).reshape(-1, 2)
-            lo, hi = xy.min(0), xy.max(0)
-            nums = [nums[0], *((lo + hi) / 2), *(hi - lo)]
-        rows.append(nums[:5])
-    if not rows:
-        return np.zeros((0, 5), dtype=np.float32)
-    return np.unique(np.array(rows, dtype=np.float32), axis=0)
 
 
 class Prepared(NamedTuple):
@@ -272,6 +258,7 @@ class StreamLoader:
         # epochs: the run's, read one ahead; epoch_asked: the trainer's latest
         self.epochs, self.epoch_asked, self.asked, self.stopping = epochs, -1, threading.Condition(), False
         self.feed: Prefetched | None = None  # the producer thread, across epochs once started
+        self.reader: Prefetched | None = None  # the reader thread, feeding the producer
         self.ends_owed = 0  # epochs the trainer left before their end (Ultralytics' time limit): skipped in the feed
         self.clocks: dict[int, FeedClock] = {}
         self.feed_clock = FeedClock()  # the epoch being served, or the last one
@@ -288,9 +275,11 @@ class StreamLoader:
             self.epoch_asked = epoch
             self.asked.notify_all()
         if self.feed is None:
-            # a thread of its own waits for Ray Data, decodes and builds the labels while this one trains: on one
-            # H200 doing it here in turn with the step gave 386 images/s against 1319 in memory
-            self.feed = Prefetched(self.epoch_batches(epoch), depth=2).start()
+            # threads of their own wait for Ray Data (the reader), decode and build the labels while this one trains:
+            # on one H200 doing it here in turn with the step gave 386 images/s against 1319 in memory
+            ahead = ROWS_AHEAD if self.decoder is not None else ROWS_AHEAD_DECODED
+            self.reader = Prefetched(self.epoch_rows(epoch), depth=ahead, name="reader").start()
+            self.feed = Prefetched(self.epoch_batches(epoch, self.reader), depth=2).start()
         self.feed_clock = clock = self.clock(epoch)
         g = torch.Generator(device=dev)
         g.manual_seed(self.seed * 1_000_003 + epoch * 1009 + self.rank)
@@ -323,18 +312,27 @@ class StreamLoader:
             del self.clocks[old]
         return self.clocks.setdefault(epoch, FeedClock())
 
-    def epoch_batches(self, first: int) -> Iterator[Prepared | object]:
-        """The producer thread: epoch after epoch from `first`, each epoch's prepared batches then EPOCH_END. The
-        next epoch's reading starts as soon as this one's rows are all read, so Ray Data's start of an epoch (the
-        shuffle, the first read tasks: 0.8 s of a 4.2 s epoch on 3000 images, one H100) overlaps the end of this
-        one and the trainer's end-of-epoch work, as Ultralytics' InfiniteDataLoader keeps its workers loading."""
+    def epoch_rows(self, first: int) -> Iterator[dict[str, np.ndarray] | object]:
+        """The reader thread: epoch after epoch from `first`, Ray Data's batches of rows then EPOCH_END. It reads up
+        to ROWS_AHEAD batches ahead of the decoding, so this epoch's rows are all read, and the next epoch's reading
+        starts (Ray Data's shuffle and first read tasks: 0.6 s of a 2.9 s epoch on 3000 images, one H100), while
+        those batches are still to be trained on, as Ultralytics' InfiniteDataLoader keeps its workers loading."""
         epoch = first
         while self.may_start(epoch):
-            clock = self.clock(epoch)
             rows = self.shard.iter_batches(
                 batch_size=self.batch_size, batch_format="numpy", prefetch_batches=PREFETCH_BATCHES
             )
-            yield from self.prepared(clock.timed("read", rows), clock)
+            yield from self.clock(epoch).timed("read", rows)
+            yield EPOCH_END
+            epoch += 1
+
+    def epoch_batches(self, first: int, rows: Iterator[Any]) -> Iterator[Prepared | object]:
+        """The producer thread: the reader's rows prepared, epoch after epoch from `first`, each epoch's end passed
+        on."""
+        epoch = first
+        while not self.stopping:  # the reader ends only when closed
+            this_epoch = iter(lambda: next(rows), EPOCH_END)  # the reader's rows up to its EPOCH_END
+            yield from self.prepared(this_epoch, self.clock(epoch))
             yield EPOCH_END
             epoch += 1
 
@@ -383,12 +381,11 @@ class StreamLoader:
             else:
                 with clock.stage("decode"):
                     images = self.decoder(rows["data"], rows["file"])
-            hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)
-            with clock.stage("labels"):
-                parsed = [parse_labels(t) for t in rows["label_text"]]
-                labels = label_tensors([{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in parsed], hw)
-                labels = Labels(*(None if t is None else self.upload(t) for t in labels))
-            hw = self.upload(hw)
+            hw = np.array([im.shape[:2] for im in images], dtype=np.float32)
+            with clock.stage("labels"):  # parsed by Ray Data's tasks (stream_labels.py): one array, one copy
+                packed = self.upload(torch.from_numpy(label_batch(rows["labels"], hw)))
+                labels = Labels(packed[..., :4], packed[..., 4], packed[..., 5] > 0, None)
+            hw = self.upload(torch.from_numpy(hw))
             ready = side.record_event() if side is not None else None
         return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], images, hw, labels, pixels, ready)
 
@@ -409,6 +406,7 @@ class StreamLoader:
             with self.asked:
                 self.stopping = True
                 self.asked.notify_all()
+            self.reader.stop()  # first: the producer, waiting for its rows, then ends
             self.feed.stop()
         self.record.close()
         if self.decoder is not None:
@@ -417,15 +415,15 @@ class StreamLoader:
 
 class Prefetched:
     """Runs an iterator in a daemon thread, `depth` items ahead; its errors surface in the consumer. `stop` stops the
-    thread at its next item. The thread launches CUDA work on the default stream, as the
-    training thread does, so what it queued runs before what the consumer queues after taking the item."""
+    thread at its next item and ends the consumer's iteration. The thread launches CUDA work on the default stream, as
+    the training thread does, so what it queued runs before what the consumer queues after taking the item."""
 
     _END = object()
 
-    def __init__(self, items: Any, depth: int):
+    def __init__(self, items: Any, depth: int, name: str = "prefetch"):
         self.items, self.queue = items, queue.Queue(maxsize=depth)
         self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="yolo_ray-stream-prefetch", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"yolo_ray-stream-{name}", daemon=True)
 
     def start(self) -> Prefetched:
         self.thread.start()
@@ -461,7 +459,12 @@ class Prefetched:
         return self
 
     def __next__(self) -> Any:
-        item = self.queue.get()
+        while True:
+            with contextlib.suppress(queue.Empty):
+                item = self.queue.get(timeout=0.1)
+                break
+            if self.stopped.is_set():
+                raise StopIteration
         if item is self._END:
             self.queue.put(item)  # ended for good
             raise StopIteration

@@ -1,7 +1,7 @@
-"""data.loader=stream, the Ray Data side (it runs on any node's CPUs): the
-train split's rows shuffled anew each epoch, read (image bytes, label text) and, with data.stream_decode cpu,
-decoded and resized with OpenCV as Ultralytics' load_image does; then split across the Train workers by Ray Train.
-stream_loader.py is the rank's side (it decodes the bytes itself with stream_decode device or worker)."""
+"""data.loader=stream, the Ray Data side (it runs on any node's CPUs): the train split's rows shuffled anew each
+epoch, read (image bytes; label rows, parsed) and, with data.stream_decode cpu, decoded and resized with OpenCV as
+Ultralytics' load_image does; then split across the Train workers by Ray Train. stream_loader.py is the rank's side
+(it decodes the bytes itself with stream_decode device or worker)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,19 @@ from typing import Any
 import numpy as np
 
 from yolo_ray import run_layout as layout
+from yolo_ray.data import stream_labels
 from yolo_ray.data.image_decode import decode_into
 from yolo_ray.data.stream_source import Filesystem
 from yolo_ray.summary import newest_checkpoint
 
 FETCH_THREADS = 16  # concurrent reads per Ray Data task: object storage is latency-bound
-MAX_BLOCKS = 200  # the shuffled rows' blocks (read tasks an epoch) at most
+MAX_BLOCKS = 200  # read tasks an epoch at most: on a large set, a few batches a task rather than more tasks
 
 
 def read_rows(batch: dict[str, np.ndarray], fs: Filesystem, imgsz: int, decode: bool) -> dict[str, np.ndarray]:
-    """map_batches: each row's image bytes and label text, read in threads; with decode, the image decoded and
-    resized here as Ultralytics' load_image does it (cv2, long side = imgsz, INTER_LINEAR), in an imgsz^2 slot."""
+    """map_batches: each row's image bytes and label rows (parsed and packed: stream_labels.py), read in threads;
+    with decode, the image decoded and resized here as Ultralytics' load_image does it (cv2, long side = imgsz,
+    INTER_LINEAR), in an imgsz^2 slot."""
 
     def read(i: int) -> tuple[bytes, str]:
         label = batch["label"][i]
@@ -31,9 +33,9 @@ def read_rows(batch: dict[str, np.ndarray], fs: Filesystem, imgsz: int, decode: 
 
     with ThreadPoolExecutor(min(FETCH_THREADS, len(batch["id"]))) as pool:
         got = list(pool.map(read, range(len(batch["id"]))))
-    out = {"id": batch["id"], "file": batch["image"], "label_text": np.array([t for _, t in got], dtype=object)}
+    out = {"id": batch["id"], "file": batch["image"], "labels": _bytes_column([stream_labels.pack(t) for _, t in got])}
     if not decode:
-        out["data"] = np.array([d for d, _ in got] + [b""], dtype=object)[:-1]  # 1-D of bytes, whatever their sizes
+        out["data"] = _bytes_column([d for d, _ in got])
         return out
     import cv2
 
@@ -42,6 +44,11 @@ def read_rows(batch: dict[str, np.ndarray], fs: Filesystem, imgsz: int, decode: 
     hw = np.array([decode_into(pixels[i], d, batch["image"][i]) for i, (d, _) in enumerate(got)], dtype=np.int32)
     out.update(pixels=pixels, hw=hw)
     return out
+
+
+def _bytes_column(items: list[bytes]) -> np.ndarray:
+    """1-D object array of bytes, whatever their sizes (numpy would stack equal-sized ones into a 2-D array)."""
+    return np.array([*items, b""], dtype=object)[:-1]
 
 
 def pipeline(
@@ -64,10 +71,14 @@ def pipeline(
     # on one H200 host (feed 810 images/s, 1060 without; benchmarks/stream_feed_probe.py). Still bounded: Ray
     # Data's object store limit holds for the whole pipeline
     ctx.op_resource_reservation_enabled = False
-    # a read task per block: blocks of a batch or so keep every CPU decoding on a small set (256-row blocks left 5
-    # of 16 CPUs idle on 3000 images); the cap bounds the shuffle's all-to-all on a large one
-    ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // batch, MAX_BLOCKS)))
+    # the rows (an id and two paths each: 50 000 are a few MB) shuffled in one task, then cut into a read task's
+    # blocks. Ray Data's all-to-all shuffle of those blocks ran two tasks a block at each epoch's start: 7.9 s to the
+    # first batch on 10 000 images with 2 CPUs, 0.9 s this way (benchmarks/stream_epoch_start_probe.py)
+    ds = ray.data.from_items(rows, override_num_blocks=1)
     ds = ds.random_shuffle(seed=RandomSeedConfig(seed=seed, reseed_after_execution=True))
+    # a read task per block: blocks of a batch or so keep every CPU decoding on a small set (256-row blocks left 5
+    # of 16 CPUs idle on 3000 images)
+    ds = ds.repartition(max(1, min(len(rows) // batch, MAX_BLOCKS)))
     return ds.map_batches(
         read_rows,
         fn_kwargs={"fs": fs, "imgsz": imgsz, "decode": decode_on_cpu},

@@ -162,7 +162,7 @@ def _stream_datasets(cfg: ExperimentConfig, plan: WorkerPlan, dataset: Any, work
         return None
     from yolo_ray.data import stream_pipeline
 
-    on_cpu = cfg.data.stream_decoder() == "ray"  # auto: Ray Data's tasks (faster than nvJPEG on one H200 host)
+    on_cpu = cfg.data.stream_decoder() == "ray"  # auto: decided from the cluster (ray_cluster.with_stream_decode)
     data = stream_pipeline.AttemptPipeline(
         dataset.stream.rows(multiple=workers), dataset.stream.fs, cfg.train.imgsz, on_cpu, cfg.train.seed,
         plan.batch.per_worker(workers), plan.run_dir, cfg.run.verbose,
@@ -192,6 +192,7 @@ def _fit(
         mlflow_server.check(cfg, uri)
     data_yaml = checked.dataset.write(run_dir)  # what the workers read: every dataset path absolute
     where = ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
+    cfg = ray_cluster.with_stream_decode(cfg, ray_cluster.alive_nodes())
     scaling = ray_cluster.resolve(cfg)
     nodes = ray_cluster.node_count()
     (run_dir / layout.CONFIG).write_text(_yaml(cfg.to_dict()))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import ray
 
 from yolo_ray import console
-from yolo_ray.config import ConfigError, ExperimentConfig
+from yolo_ray.config import ConfigError, ExperimentConfig, apply
 from yolo_ray.config_checks import check_batch_divides, check_gpu_only, worker_range
 from yolo_ray.config_schema import STREAM_READ_CPUS
 from yolo_ray.driver import reaper
@@ -96,6 +96,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# data.stream_decode auto: CPUs on nodes without GPUs from which Ray Data's tasks decode instead of the Train workers
+# (a head node's few CPUs do not count)
+DECODE_NODE_CPUS = 8
+
+
 def alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
@@ -104,12 +109,31 @@ def node_count() -> int:
     return len(alive_nodes())
 
 
+def uses_gpu(cfg: ExperimentConfig, nodes: list[dict]) -> bool:
+    """scaling.use_gpu, `auto` as whether the cluster has GPUs."""
+    if cfg.scaling.use_gpu == "auto":
+        return sum(n["Resources"].get("GPU", 0) for n in nodes) > 0
+    return bool(cfg.scaling.use_gpu)
+
+
+def with_stream_decode(cfg: ExperimentConfig, nodes: list[dict]) -> ExperimentConfig:
+    """`data.stream_decode: auto` decided from the cluster: `cpu` (Ray Data's tasks decode, on any node) where nodes
+    without GPUs bring DECODE_NODE_CPUS or more CPUs, or on CPUs; else `worker` (each Train worker's processes
+    decode the bytes): on one H100 host it trained at 0.81-0.84x of the in-memory speed against 0.75x with
+    Ray Data's tasks, which waited for each epoch's first batch (README, the stream loader)."""
+    if cfg.data.loader != "stream" or cfg.data.stream_decode != "auto":
+        return cfg
+    cpu_nodes = sum(n["Resources"].get("CPU", 0) for n in nodes if not n["Resources"].get("GPU", 0))
+    decode = "worker" if uses_gpu(cfg, nodes) and cpu_nodes < DECODE_NODE_CPUS else "cpu"
+    return apply(cfg, {"data.stream_decode": decode})
+
+
 def resolve(cfg: ExperimentConfig) -> Scaling:
     """Turn `auto` into numbers and refuse a worker group this cluster can never place (before any GPU is taken)."""
     sc, src = cfg.scaling, cfg.source
     nodes = alive_nodes()
     total_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
-    use_gpu = total_gpus > 0 if sc.use_gpu == "auto" else bool(sc.use_gpu)
+    use_gpu = uses_gpu(cfg, nodes)
     if use_gpu and not total_gpus and not sc.autoscaling:
         raise ConfigError(
             src,

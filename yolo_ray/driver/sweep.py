@@ -85,6 +85,7 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
         mlflow_server.check(cfg, uri)
     ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
     use_gpu = bool(cfg.scaling.use_gpu) if cfg.scaling.use_gpu != "auto" else ray.cluster_resources().get("GPU", 0) > 0
+    cfg = ray_cluster.with_stream_decode(cfg, ray_cluster.alive_nodes())
     cfg = resolve_trial_cpus(cfg, use_gpu, ray_cluster.alive_nodes())
     base = config_mod.apply(cfg, {"scaling.use_gpu": use_gpu, "data.path": cfg.data.path})
     concurrent = max_concurrent(cfg, use_gpu)
