@@ -428,6 +428,37 @@ def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_
     assert len({tuple(o) for o in orders}) == len(orders)
 
 
+def test_a_stopped_prefetch_ends_the_thread_waiting_on_it() -> None:
+    """The stream's threads in a chain (reader -> feed -> training thread): stopping one ends the iteration of the
+    thread waiting on it, which is how StreamLoader.close ends its feed thread while that waits for rows; errors
+    reach the consumer."""
+    import threading
+
+    release = threading.Event()
+
+    def rows() -> Iterator[int]:
+        yield 1
+        release.wait(30)  # a Ray Data read that does not come
+        yield 2
+
+    reader = stream_loader.Prefetched(rows(), depth=1).start()
+    got: list[int] = []
+    consumer = threading.Thread(target=lambda: got.extend(reader))
+    consumer.start()
+    time.sleep(0.3)
+    reader.stop(timeout=0.5)
+    consumer.join(timeout=5)
+    assert not consumer.is_alive() and got == [1]
+    release.set()
+
+    def failing() -> Iterator[int]:
+        yield 1
+        raise OSError("the bucket went away")
+
+    with pytest.raises(OSError, match="went away"):
+        list(stream_loader.Prefetched(failing(), depth=2).start())
+
+
 def _label_text(rng: np.random.Generator) -> str:
     rows = (f"{rng.integers(5)} 0.5 0.5 {rng.uniform(0.05, 0.5):.4f} {rng.uniform(0.05, 0.5):.4f}" for _ in range(12))
     return "\n".join(list(rows)[: rng.integers(0, 12)])
