@@ -3,7 +3,7 @@ GPU by the device loader's batched augmentation (device_augment.augment_batch). 
 (this module is the rank's side; stream_pipeline.py the Ray Data side):
 
     Ray Data (any node's CPUs): shuffled rows -> read image bytes + label rows, parsed (-> decode + resize with OpenCV:
-    data.stream_decode cpu, the default) -> equal split, one shard per Train worker -> this rank, on a thread of its
+    data.stream_decode cpu) -> equal split, one shard per Train worker -> this rank, on a thread of its
     own: (decode + resize with OpenCV in this rank's processes: `worker`; or with nvJPEG + a resize on the device:
     `device`) + the labels, one array -> the training thread: ring buffer on the device -> mosaic (partners from the
     ring) + affine + HSV + flips (one kernel)
