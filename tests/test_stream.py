@@ -421,6 +421,7 @@ def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_
         assert not read_started(3, 3), "the feed read past the run's epochs unasked"
         orders.append(epoch(3))  # a run that goes on past them still gets its epoch
         loader.close()
+        loader.close()  # Ultralytics' trainer closes its loaders at the end; a second close does nothing
     finally:
         ray.shutdown()
     for order in orders:

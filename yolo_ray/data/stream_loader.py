@@ -402,6 +402,10 @@ class StreamLoader:
         pass
 
     def close(self) -> None:
+        """Its threads, decoding processes and shared memory; Ultralytics' trainer calls it once training is over
+        (and yolo_ray's tests again: a second call does nothing)."""
+        if self.record.closed:
+            return
         if self.feed is not None:
             with self.asked:
                 self.stopping = True

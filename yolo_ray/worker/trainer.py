@@ -254,8 +254,6 @@ class RayTrainer(BaseTrainer):
         # Every rank validates best.pt if it exists when final_eval starts: rank 0's writer must have written it
         # before any rank looks (a rank that sees none skips a validation with collectives in it; the others hang).
         self.writer.flush()
-        if self.loader == "stream" and getattr(self, "train_loader", None) is not None:
-            self.train_loader.close()  # training is over: its reader and feed threads, decoding processes, shm
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()
         self.in_final_eval = True  # callbacks fired here are not a training epoch
