@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import (
@@ -93,7 +94,7 @@ def test_a_killed_driver_leaves_no_ray_behind_and_resumes_on_rerun(shapes_small:
                 kill_tree(driver.pid)
     left = ray_processes
     for _ in range(60):  # Ray's reaper, then yolo_ray's after its grace
-        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in left if _alive(p)]
         if not left:
             break
         time.sleep(0.5)
@@ -238,3 +239,13 @@ def test_a_kill_while_final_eval_strips_leaves_a_loadable_best(tmp_path: Path, m
         engine.strip_optimizer(best)
     assert torch_safe_load(str(best))[0]["optimizer"] is None  # stripped, in place
     assert engine.strip_optimizer.__module__ == "ultralytics.utils.torch_utils"  # unpatched after
+
+
+def _alive(p: Any) -> bool:
+    """Running and not a zombie; a process that ends between the two questions is gone (psutil raises)."""
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
