@@ -307,10 +307,13 @@ class StreamLoader:
         self.ends_owed = 0
 
     def clock(self, epoch: int) -> FeedClock:
-        """An epoch's clock, shared by the thread producing its batches and the one consuming them."""
-        for old in [e for e in self.clocks if e < epoch - 1]:
-            del self.clocks[old]
-        return self.clocks.setdefault(epoch, FeedClock())
+        """An epoch's clock, shared by the reader, producer and training threads (under `asked`: all three call
+        this). Clocks older than the one before the trainer's epoch go: a thread ahead of the trainer (the reader,
+        up to ROWS_AHEAD batches, across epochs on a small set) must not drop one still being served."""
+        with self.asked:
+            for old in [e for e in self.clocks if e < self.epoch_asked - 1]:
+                del self.clocks[old]
+            return self.clocks.setdefault(epoch, FeedClock())
 
     def epoch_rows(self, first: int) -> Iterator[dict[str, np.ndarray] | object]:
         """The reader thread: epoch after epoch from `first`, Ray Data's batches of rows then EPOCH_END. It reads up

@@ -68,7 +68,6 @@ def max_concurrent(cfg: ExperimentConfig, use_gpu: bool) -> int:
 
 def run(cfg: ExperimentConfig) -> dict[str, Any]:
     """Run (or resume) a sweep; returns {"trials": [...], "best": {...}} and writes the results beside it."""
-    import ray
     from ray import tune
 
     from yolo_ray import inputs
@@ -84,9 +83,9 @@ def run(cfg: ExperimentConfig) -> dict[str, Any]:
     if uri:
         mlflow_server.check(cfg, uri)
     ray_cluster.connect(cfg.run.ray_address, verbose=cfg.run.verbose)
-    use_gpu = bool(cfg.scaling.use_gpu) if cfg.scaling.use_gpu != "auto" else ray.cluster_resources().get("GPU", 0) > 0
-    cfg = ray_cluster.with_stream_decode(cfg, ray_cluster.alive_nodes())
-    cfg = resolve_trial_cpus(cfg, use_gpu, ray_cluster.alive_nodes())
+    nodes = ray_cluster.alive_nodes()
+    use_gpu = ray_cluster.uses_gpu(cfg, nodes)
+    cfg = resolve_trial_cpus(ray_cluster.with_stream_decode(cfg, nodes), use_gpu, nodes)
     base = config_mod.apply(cfg, {"scaling.use_gpu": use_gpu, "data.path": cfg.data.path})
     concurrent = max_concurrent(cfg, use_gpu)
     sweep_dir.mkdir(parents=True, exist_ok=True)
