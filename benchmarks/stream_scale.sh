@@ -8,12 +8,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 #   COPIES=0: the first size only; SMALL_RUNS=... / LARGE_RUNS=...: other runs at the first / the second size
+#   (SMALL_RUNS= empty: none at the first size, e.g. a second call on the same warm machine)
 n=${IMAGES:-10000} copies=${COPIES:-5} out=${OUT_DIR:-benchmarks/runs-scale}
 mkdir -p "$out"
 [ -f "datasets/scale$n/data.yaml" ] || python -m yolo_ray data synth "datasets/scale$n" style=real images="$n" imgsz=640 classes=5
 python benchmarks/decode_probe.py "datasets/scale$n/train/images" 512 --out "$out/decode.json"
-python -m yolo_ray bench --parity data="datasets/scale$n/data.yaml" images="$n" out_dir="$out/small" \
-  runs="${SMALL_RUNS:-graphs-e3-s0,stream-e3-s0,streamcpu-e3-s0}" --out "$out/small.json"
+small=${SMALL_RUNS-graphs-e3-s0,stream-e3-s0,streamcpu-e3-s0}
+if [ -n "$small" ]; then
+  python -m yolo_ray bench --parity data="datasets/scale$n/data.yaml" images="$n" out_dir="$out/small" \
+    runs="$small" --out "$out/small.json"
+fi
 if [ "$copies" -gt 0 ]; then
   python benchmarks/link_dataset.py "datasets/scale$n/data.yaml" "datasets/scale${n}x$copies" "$copies"
   python -m yolo_ray bench --parity data="datasets/scale${n}x$copies/data.yaml" images=$((n * copies)) \
