@@ -13,22 +13,13 @@ n=${IMAGES:-10000} copies=${COPIES:-5} out=${OUT_DIR:-benchmarks/runs-scale}
 mkdir -p "$out"
 [ -f "datasets/scale$n/data.yaml" ] || python -m yolo_ray data synth "datasets/scale$n" style=real images="$n" imgsz=640 classes=5
 python benchmarks/decode_probe.py "datasets/scale$n/train/images" 512 --out "$out/decode.json"
-small=${SMALL_RUNS-graphs-e3-s0,stream-e3-s0,streamcpu-e3-s0}
-if [ -n "$small" ]; then
-  python -m yolo_ray bench --parity data="datasets/scale$n/data.yaml" images="$n" out_dir="$out/small" \
-    runs="$small" --out "$out/small.json"
-fi
-if [ "$copies" -gt 0 ]; then
-  python benchmarks/link_dataset.py "datasets/scale$n/data.yaml" "datasets/scale${n}x$copies" "$copies"
-  python -m yolo_ray bench --parity data="datasets/scale${n}x$copies/data.yaml" images=$((n * copies)) \
-    out_dir="$out/large" runs="${LARGE_RUNS:-stream-e2-s0}" --out "$out/large.json"
-fi
-python - "$out" <<'PY'
+summarize() {  # each run's epochs so far -> $out/epochs.json (after each size: a call cut short keeps the first)
+  python - "$out" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 keep = ("epoch", "images_per_s", "train_time_s", "epoch_time_s", "gpu_mem_peak_gib", "feed/wait_first_s", "feed/wait_s",
-        "feed/read_first_s")
+        "feed/read_first_s", "data_device_peak_gib")
 runs = {f"{h.parent.parent.name}/{h.parent.name}": [{k: r.get(k) for k in keep} for r in map(json.loads, h.read_text().splitlines())]
         for h in sorted(out.glob("*/*/history.jsonl"))}
 (out / "epochs.json").write_text(json.dumps(runs, indent=1))
@@ -36,3 +27,16 @@ for name, rows in runs.items():
     print(name, [(r["epoch"], round(r["images_per_s"], 1), r["gpu_mem_peak_gib"], r.get("feed/wait_first_s"),
                   r.get("feed/wait_s")) for r in rows])
 PY
+}
+small=${SMALL_RUNS-graphs-e3-s0,stream-e3-s0,streamcpu-e3-s0}
+if [ -n "$small" ]; then
+  python -m yolo_ray bench --parity data="datasets/scale$n/data.yaml" images="$n" out_dir="$out/small" \
+    runs="$small" --out "$out/small.json"
+  summarize
+fi
+if [ "$copies" -gt 0 ]; then
+  python benchmarks/link_dataset.py "datasets/scale$n/data.yaml" "datasets/scale${n}x$copies" "$copies"
+  python -m yolo_ray bench --parity data="datasets/scale${n}x$copies/data.yaml" images=$((n * copies)) \
+    out_dir="$out/large" runs="${LARGE_RUNS:-stream-e2-s0}" --out "$out/large.json"
+  summarize
+fi

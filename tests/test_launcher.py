@@ -152,6 +152,8 @@ def test_device_loader_learns_like_ultralytics_loader(ddp_run: Path, device_run:
     after 30)."""
     run_dir = device_run
     assert [r["cached_images"] for r in _ranks(run_dir)] == [384, 384]  # auto: a full copy fits
+    cache_gib = 384 * 128 * 128 * 3 / 2**30  # each epoch's data_device_peak_gib: the whole cache (and its labels)
+    assert all(cache_gib <= h["data_device_peak_gib"] <= 1.1 * cache_gib for h in read_jsonl(run_dir / "history.jsonl"))
     _trained_and_learned(run_dir, LEARN_EPOCHS)
     ours = json.loads((run_dir / "summary.json").read_text())["final"]
     baseline = json.loads((ddp_run / "summary.json").read_text())["final"]

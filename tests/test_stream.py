@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from conftest import ENV, SharedRay, free_port, ultralytics_train_dataset, yolo_ray
@@ -254,6 +256,24 @@ def test_decode_pool_reuses_its_shared_batches_in_turn(scenes: Path) -> None:
             assert np.array_equal(batch[k].numpy(), want)
 
 
+def test_decoding_processes_fail_early_where_shared_memory_is_too_small(tmp_path: Path) -> None:
+    """A container's default 64 MB /dev/shm cannot hold the shared batches at 640 px: the pool says so, naming the
+    settings, instead of its processes dying of SIGBUS mid-epoch (checked against a real filesystem's free space)."""
+    free = shutil.disk_usage(tmp_path).free
+    decode_pool.check_shared_memory(1 << 20, 64, 640, where=str(tmp_path))  # fits
+    with pytest.raises(RuntimeError, match=r"stream_decode=worker.*--shm-size.*train\.batch.*stream_decode: cpu"):
+        decode_pool.check_shared_memory(free + (1 << 30), 64, 640, where=str(tmp_path))
+
+
+def test_a_ring_that_does_not_fit_fails_naming_the_setting() -> None:
+    """data.stream_buffer is the one setting that makes the stream's device memory large: too large a ring fails
+    before it is allocated, saying which setting to lower."""
+    stream_loader.check_ring_fits(1000, 640, torch.device("cpu"))  # the default's largest ring: 1.2 GB
+    too_many = int(psutil.virtual_memory().available / (640 * 640 * 3)) + 1
+    with pytest.raises(RuntimeError, match=r"data\.stream_buffer"):
+        stream_loader.check_ring_fits(too_many, 640, torch.device("cpu"))
+
+
 def test_labels_parse_as_ultralytics_reads_them() -> None:
     text = "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n2 0.1 0.1 0.3 0.1 0.3 0.3 0.1 0.3\n\nbad\n"
     got = stream_labels.unpack(stream_labels.pack(text))
@@ -322,21 +342,32 @@ def test_ring_mosaic_keeps_the_device_loaders_statistics(scenes: Path) -> None:
 
 
 def test_a_padded_batch_fills_the_ring_as_its_images_do(scenes: Path) -> None:
-    """Ray Data's decoded batch (one [B, imgsz, imgsz, 3] array) goes into the ring in one copy: the ring then holds
-    the same pixels, sizes and boxes as when each image is copied into its slot, across a wrap of the ring."""
+    """Ray Data's decoded batch (one [B, imgsz, imgsz, 3] array) goes into the ring in contiguous copies: the ring
+    then holds the same pixels, sizes and boxes as when each image is copied into its slot, across wraps of the ring
+    at a batch's edge and inside a batch (an epoch's last, smaller batch shifts the next ones), and each image is
+    in the slot `add` returned for it."""
     _, dataset = ultralytics_train_dataset(scenes, 160)
     cache = device_cache.DeviceCache.build(dataset, 160, torch.device("cpu"), threads=2)
     rings = [stream_loader.RingCache(16, 160, torch.device("cpu"), max_boxes=4) for _ in range(2)]
-    for start in range(0, 24, 8):  # three batches of 8 into 16 slots
-        rows = list(range(start, start + 8))
+    start = 0
+    for size in (8, 5, 8, 8, 8):  # into 16 slots: the third wraps inside the batch (slots 13-15, then 0-4)
+        rows = list(range(start, start + size))
+        start += size
         hw = cache.hw[rows]
         images = [cache.images[r, : int(cache.hw[r, 0]), : int(cache.hw[r, 1])] for r in rows]
-        padded = torch.full((8, 160, 160, 3), int(device_cache.PAD), dtype=torch.uint8)
+        padded = torch.full((size, 160, 160, 3), int(device_cache.PAD), dtype=torch.uint8)
         for i, im in enumerate(images):
             padded[i, : im.shape[0], : im.shape[1]] = im
         labels = [{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in (_yolo_rows(cache, r) for r in rows)]
+        targets = device_cache.label_tensors(labels, hw)
         for ring, whole in zip(rings, (None, padded), strict=True):
-            ring.add(stream_loader.Prepared(rows, [], images, hw, device_cache.label_tensors(labels, hw), whole))
+            slots = ring.add(stream_loader.Prepared(rows, [], images, hw, targets, whole))
+            assert slots.tolist() == [(start - size + i) % 16 for i in range(size)]
+            k = targets.valid.shape[1]
+            assert torch.equal(ring.hw[slots], hw) and torch.equal(ring.labels.valid[slots, :k], targets.valid)
+            assert not ring.labels.valid[slots, k:].any()  # a slot's earlier image's extra boxes are gone
+            for s, im in zip(slots.tolist(), images, strict=True):
+                assert torch.equal(ring.images[s, : im.shape[0], : im.shape[1]], im)
     by_image, by_batch = rings[0].view(), rings[1].view()
     for h, w, a, b in zip(*by_image.hw.int().T, by_image.images, by_batch.images, strict=True):
         assert torch.equal(a[:h, :w], b[:h, :w])
@@ -419,7 +450,12 @@ def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_
         orders.append(epoch(2))
         assert loader.feed_clock.metrics()["feed/wait_first_s"] >= 0 and "feed/prepare_s" in loader.feed_clock.metrics()
         assert not read_started(3, 3), "the feed read past the run's epochs unasked"
+        # data on the device (data_device_peak_gib): the ring, plus at most the 4 batches between Ray Data and it
+        ring, batch = loader.ring.held_bytes(), 8 * 96 * 96 * 3
+        assert ring == 48 * (96 * 96 * 3 + 2 * 4) + 48 * loader.ring.labels.boxes.shape[1] * (4 * 4 + 4 + 1)
+        assert ring + batch <= loader.data_device_bytes() <= ring + 4 * (batch + 8 * 64 * 6 * 4)
         orders.append(epoch(3))  # a run that goes on past them still gets its epoch
+        assert loader.in_flight == 0  # every batch prepared was taken off once: the epoch left early's included
         loader.close()
         loader.close()  # Ultralytics' trainer closes its loaders at the end; a second close does nothing
     finally:
@@ -519,6 +555,8 @@ def test_streamed_run_learns(s3_run: Path) -> None:
     for h in history:
         stages = [h["feed/wait_first_s"], h["feed/read_first_s"], h["feed/prepare_s"], h["feed/decode_s"]]
         assert min(stages) >= 0 and h["feed/wait_s"] + h["feed/wait_first_s"] <= h["train_time_s"], h
+    held = [h["data_device_peak_gib"] for h in history]  # the ring and a few batches: the same every epoch
+    assert min(held) > 0 and max(held) <= 2 * min(held), held
     summary = json.loads((s3_run / "summary.json").read_text())
     assert summary["status"] == "finished" and math.isfinite(summary["final"]["mAP50-95"])
 

@@ -57,6 +57,9 @@ def epoch_metrics(trainer: Any, train_seconds: float, resumed_from: int | None) 
     out["per_worker_batch"] = trainer.batch_size // world
     out["images_per_step"] = max(round(trainer.args.nbs / trainer.batch_size), 1) * trainer.batch_size
     out["gpu_mem_peak_gib"] = _peak_gpu_gib(trainer)
+    held = getattr(trainer.train_loader, "data_device_bytes", None)  # the device and stream loaders' own data
+    if held is not None:
+        out["data_device_peak_gib"] = round(held() / 2**30, 4)
     out["resumed_from_epoch"] = -1 if resumed_from is None else int(resumed_from)
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context, shared_memory
 from typing import NamedTuple
@@ -38,6 +39,7 @@ class DecodePool:
     def __init__(self, imgsz: int, batch: int, processes: int, depth: int, device: torch.device):
         self.processes, self.depth, self.next = max(1, processes), depth, 0
         shape = (depth, max(1, batch), imgsz, imgsz, 3)
+        check_shared_memory(int(np.prod(shape)), batch, imgsz)
         self.shm = shared_memory.SharedMemory(create=True, size=int(np.prod(shape)))
         self.batches = np.ndarray(shape, np.uint8, buffer=self.shm.buf)
         self.pinned = device.type == "cuda" and self._pin(self.batches)
@@ -92,6 +94,25 @@ class DecodePool:
         with contextlib.suppress(BufferError):  # a tensor over it still alive: the mapping goes with the process
             self.shm.close()
         self.shm.unlink()
+
+
+SHM_DIR = "/dev/shm"  # where Python's SharedMemory (shm_open) puts its files on Linux
+
+
+def check_shared_memory(need: int, batch: int, imgsz: int, where: str = SHM_DIR) -> None:
+    """Fails before any decoding if the shared batches do not fit in `where`: a container's /dev/shm is 64 MB unless
+    set larger, and a shared batch written past it kills the decoding process with SIGBUS, mid-epoch, on every retry.
+    """
+    if not os.path.isdir(where):
+        return
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise RuntimeError(
+            f"data.stream_decode=worker: the decoding processes' shared host batches ({batch} images at "
+            f"imgsz={imgsz}) need {need / 2**20:.0f} MiB of {where}, but only {free / 2**20:.0f} MiB is free. Fix: "
+            "a larger shared memory for the Ray node (docker run --shm-size, or a memory-backed emptyDir on "
+            f"{where} as in cluster/kuberay/raycluster.yaml), a lower train.batch, or data.stream_decode: cpu."
+        )
 
 
 def default_processes(cpus: float) -> int:

@@ -50,6 +50,11 @@ class DeviceCache:
     def nbytes(images: int, imgsz: int) -> int:
         return images * imgsz * imgsz * 3
 
+    def held_bytes(self) -> int:
+        """What it holds on its device: the images, their sizes and labels."""
+        held = (self.images, self.hw, self.boxes, self.cls, self.valid, self.keypoints)
+        return sum(t.nbytes for t in held if t is not None)
+
     @classmethod
     def build(
         cls,
@@ -89,7 +94,7 @@ class DeviceCache:
 CACHE_SHARE = 0.6  # of the device's free memory that the decoded images may take (the rest: model, activations)
 
 
-def _free_bytes(device: torch.device) -> int:
+def free_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     import psutil
@@ -99,12 +104,12 @@ def _free_bytes(device: torch.device) -> int:
 
 def fits(n: int, imgsz: int, device: torch.device) -> bool:
     """Would n decoded images fit in this device's share for the cache?"""
-    return DeviceCache.nbytes(n, imgsz) <= CACHE_SHARE * _free_bytes(device)
+    return DeviceCache.nbytes(n, imgsz) <= CACHE_SHARE * free_bytes(device)
 
 
 def _check_fits(n: int, imgsz: int, device: torch.device, sharded: bool = False) -> None:
     if not fits(n, imgsz, device):
-        need, free = DeviceCache.nbytes(n, imgsz), _free_bytes(device)
+        need, free = DeviceCache.nbytes(n, imgsz), free_bytes(device)
         more = "more workers (each holds 1/num_workers of the images)" if sharded else "data.device_cache: sharded"
         raise RuntimeError(
             f"data.loader=device: the {n} decoded training images at imgsz={imgsz} need {need / 2**30:.1f} GiB on "

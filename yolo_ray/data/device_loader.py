@@ -71,6 +71,10 @@ class DeviceLoader:
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
 
+    def data_device_bytes(self) -> int:
+        """Training data held on the device (metrics' data_device_peak_gib): the whole cache, all the time."""
+        return self.cache.held_bytes()
+
     def __iter__(self) -> Any:
         dev = self.cache.images.device
         self.epochs_served.append(self.sampler.epoch)

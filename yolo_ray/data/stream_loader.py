@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from yolo_ray import run_layout as layout
 from yolo_ray.data.decode_pool import DecodePool, Pending, default_processes
 from yolo_ray.data.device_augment import AugmentHyp, augment_batch
-from yolo_ray.data.device_cache import PAD, DeviceCache, Labels
+from yolo_ray.data.device_cache import CACHE_SHARE, PAD, DeviceCache, Labels, free_bytes
 from yolo_ray.data.device_loader import decode_threads as node_decode_threads
 from yolo_ray.data.feed_clock import FeedClock
 from yolo_ray.data.image_decode import decode_cpu, resized_hw
@@ -61,6 +61,18 @@ def ring_size(images_per_rank: int, batch: int, rows: int = 0) -> int:
     return max(1, math.ceil(n / batch)) * batch
 
 
+def check_ring_fits(rows: int, imgsz: int, device: torch.device) -> None:
+    """The ring takes at most the device cache's share of the free memory; a clear error, naming the setting, where
+    data.stream_buffer asks for more."""
+    need, free = DeviceCache.nbytes(rows, imgsz), free_bytes(device)
+    if need > CACHE_SHARE * free:
+        raise RuntimeError(
+            f"data.loader=stream: a mosaic ring of {rows} decoded images at imgsz={imgsz} needs {need / 2**30:.1f} GiB "
+            f"on {device}, but only {free / 2**30:.1f} GiB is free (the ring may take {CACHE_SHARE:.0%}). Fix: a lower "
+            "data.stream_buffer (0: Ultralytics' rule, at most 1000 images) or a lower train.imgsz."
+        )
+
+
 # --------------------------------------------------------------------------------------------- this rank's side
 
 
@@ -75,15 +87,22 @@ class Prepared(NamedTuple):
     padded: torch.Tensor | None = None  # the batch as [B, imgsz, imgsz, 3] (decoded by Ray Data): one copy a batch
     ready: torch.cuda.Event | None = None  # on a GPU: its copies (made on a side stream) are done
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Its tensors on the device, each storage once (the images are views of `padded` when there is one)."""
+        images = [self.padded] if self.padded is not None else self.images
+        return [*images, self.hw, *self.labels[:3]]
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors())
+
     def hand_over(self, stream: torch.cuda.Stream) -> None:
         """Makes `stream` (the training thread's) wait for this batch's copies, and keeps the caching allocator from
         reusing their memory before `stream` is done with them."""
         if self.ready is None:
             return
         stream.wait_event(self.ready)
-        for t in (self.padded, self.hw, *self.labels[:3], *self.images):
-            if t is not None:
-                t.record_stream(stream)
+        for t in self.tensors():  # one call a storage: the training thread makes it for every batch
+            t.record_stream(stream)
 
 
 class RingCache:
@@ -110,24 +129,37 @@ class RingCache:
         # made on the device: a copy from pageable host memory waits for the whole stream (14% of the training
         # thread on an H200)
         on = (torch.arange(b, device=self.device) + self.next) % self.size
-        if batch.padded is not None:  # one copy; a copy an image took 14% of the training thread on an H200
-            self.images[on] = batch.padded
-        else:
+        hw = batch.hw.to(self.device)
+        boxes, cls, valid = (t.to(self.device, non_blocking=True) for t in batch.labels[:3])
+        # contiguous slots, split in two where the ring wraps: plain copies (an index write is a scatter, and under
+        # Ultralytics' deterministic mode a sorted one)
+        for ring, src in self._spans(b):
+            if batch.padded is not None:  # one copy; a copy an image took 14% of the training thread on an H200
+                self.images[ring].copy_(batch.padded[src])
+            self.hw[ring] = hw[src]
+            self.labels.valid[ring] = False
+            self.labels.boxes[ring, :m], self.labels.cls[ring, :m] = boxes[src], cls[src]
+            self.labels.valid[ring, :m] = valid[src]
+        if batch.padded is None:
             for i, im in enumerate(batch.images):
                 self.images[(self.next + i) % self.size, : im.shape[0], : im.shape[1]] = im
-        self.hw[on] = batch.hw.to(self.device)
-        self.labels.valid[on] = False
-        self.labels.boxes[on, :m], self.labels.cls[on, :m], self.labels.valid[on, :m] = (
-            t.to(self.device, non_blocking=True) for t in batch.labels[:3]
-        )
         self.next = (self.next + b) % self.size
         self.filled = min(self.size, self.filled + b)
         return on
+
+    def _spans(self, b: int) -> list[tuple[slice, slice]]:
+        """(ring slots, batch rows) for the next b slots: one span, or two where the ring wraps (b <= size)."""
+        first = min(b, self.size - self.next)
+        spans = [(slice(self.next, self.next + first), slice(0, first))]
+        return spans + [(slice(0, b - first), slice(first, b))] if first < b else spans
 
     def _grow(self, k: int) -> None:
         pad = k - self.labels.boxes.shape[1]
         boxes, cls, valid, _ = self.labels
         self.labels = Labels(F.pad(boxes, (0, 0, 0, pad)), F.pad(cls, (0, pad)), F.pad(valid, (0, pad)), None)
+
+    def held_bytes(self) -> int:
+        return sum(t.nbytes for t in (self.images, self.hw, *self.labels[:3]))
 
     def view(self) -> DeviceCache:
         """The filled slots (all once the ring has wrapped): mosaic partners are drawn among these."""
@@ -248,7 +280,9 @@ class StreamLoader:
         self.shard, self.batch_size, self.hyp, self.rank, self.seed = shard, batch_size, hyp, rank, seed
         self.dataset = StreamIndexDataset(images)
         self.sampler = EpochSampler(rows // max(1, world_size))
-        self.ring = RingCache(ring_size(len(self.sampler), batch_size, ring_rows), imgsz, device)
+        rows_kept = ring_size(len(self.sampler), batch_size, ring_rows)
+        check_ring_fits(rows_kept, imgsz, device)
+        self.ring = RingCache(rows_kept, imgsz, device)
         # worker: the CPUs Ray gave this rank; device (PNG only on a GPU): the node's CPUs shared among its ranks;
         # ray: Ray Data's tasks decode, and this rank keeps no threads for it
         threads = decode_threads if decode == "worker" else node_decode_threads()
@@ -261,6 +295,8 @@ class StreamLoader:
         self.reader: Prefetched | None = None  # the reader thread, feeding the producer
         self.ends_owed = 0  # epochs the trainer left before their end (Ultralytics' time limit): skipped in the feed
         self.clocks: dict[int, FeedClock] = {}
+        # bytes of the batches prepared on the device and not yet in the ring (producer adds, trainer takes off)
+        self.in_flight, self.in_flight_peak, self.in_flight_lock = 0, 0, threading.Lock()
         self.feed_clock = FeedClock()  # the epoch being served, or the last one
         record_dir.mkdir(parents=True, exist_ok=True)
         self.record = open(record_dir / f"rank{rank}.{os.getpid()}.jsonl", "a")
@@ -268,8 +304,20 @@ class StreamLoader:
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
 
+    def data_device_bytes(self) -> int:
+        """Training data held on the device at its peak this epoch (metrics' data_device_peak_gib): the ring plus
+        the batches prepared and not yet in it. The dataset's size does not enter."""
+        return self.ring.held_bytes() + self.in_flight_peak
+
+    def _count_in_flight(self, nbytes: int) -> None:
+        with self.in_flight_lock:
+            self.in_flight += nbytes
+            self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
+
     def __iter__(self) -> Any:
         epoch, dev = self.sampler.epoch, self.ring.device
+        with self.in_flight_lock:
+            self.in_flight_peak = self.in_flight
         self.epochs_served.append(epoch)
         with self.asked:
             self.epoch_asked = epoch
@@ -288,6 +336,7 @@ class StreamLoader:
                 if self.copy_stream is not None:
                     batch.hand_over(torch.cuda.current_stream(dev))
                 slots = self.ring.add(batch)
+            self._count_in_flight(-batch.nbytes())
             self.record.write(json.dumps({"epoch": epoch, "ids": batch.ids}) + "\n")
             self.record.flush()
             with torch.profiler.record_function("yolo_ray.augment"), clock.stage("augment"):
@@ -299,8 +348,8 @@ class StreamLoader:
         """The feed's batches up to the end of an epoch (after skipping what is left of any epoch left early)."""
         assert self.feed is not None
         for _ in range(self.ends_owed):
-            while next(self.feed) is not EPOCH_END:
-                pass
+            while (item := next(self.feed)) is not EPOCH_END:
+                self._count_in_flight(-item.nbytes())
         self.ends_owed = 1  # until this epoch's end is reached
         while (item := next(self.feed)) is not EPOCH_END:
             yield item
@@ -335,7 +384,9 @@ class StreamLoader:
         epoch = first
         while not self.stopping:  # the reader ends only when closed
             this_epoch = iter(lambda: next(rows), EPOCH_END)  # the reader's rows up to its EPOCH_END
-            yield from self.prepared(this_epoch, self.clock(epoch))
+            for batch in self.prepared(this_epoch, self.clock(epoch)):
+                self._count_in_flight(batch.nbytes())
+                yield batch
             yield EPOCH_END
             epoch += 1
 

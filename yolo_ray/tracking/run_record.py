@@ -115,6 +115,7 @@ METRIC_NAMES = {
     "checkpoint_write_s": "time/checkpoint_write_s",
     "images_per_s": "speed/images_per_s",
     "gpu_mem_peak_gib": "system/gpu_mem_peak_gib",
+    "data_device_peak_gib": "system/data_device_peak_gib",  # the device/stream loader's data on the device
     # the optimizer steps' gradient norms before clipping (worker/grad_norms.py)
     **{k: f"optim/{k}" for k in ("grad_norm_mean", "grad_norm_max", "grad_clipped_share", "grad_norm_steps")},
 }
