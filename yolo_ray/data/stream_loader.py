@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from yolo_ray import run_layout as layout
 from yolo_ray.data.decode_pool import DecodePool, Pending, default_processes
 from yolo_ray.data.device_augment import AugmentHyp, augment_batch
-from yolo_ray.data.device_cache import CACHE_SHARE, PAD, DeviceCache, Labels, free_bytes
+from yolo_ray.data.device_cache import CACHE_SHARE, PAD, DeviceCache, Labels, fits, free_bytes
 from yolo_ray.data.device_loader import decode_threads as node_decode_threads
 from yolo_ray.data.feed_clock import FeedClock
 from yolo_ray.data.image_decode import decode_cpu, resized_hw
@@ -64,8 +64,8 @@ def ring_size(images_per_rank: int, batch: int, rows: int = 0) -> int:
 def check_ring_fits(rows: int, imgsz: int, device: torch.device) -> None:
     """The ring takes at most the device cache's share of the free memory; a clear error, naming the setting, where
     data.stream_buffer asks for more."""
-    need, free = DeviceCache.nbytes(rows, imgsz), free_bytes(device)
-    if need > CACHE_SHARE * free:
+    if not fits(rows, imgsz, device):
+        need, free = DeviceCache.nbytes(rows, imgsz), free_bytes(device)
         raise RuntimeError(
             f"data.loader=stream: a mosaic ring of {rows} decoded images at imgsz={imgsz} needs {need / 2**30:.1f} GiB "
             f"on {device}, but only {free / 2**30:.1f} GiB is free (the ring may take {CACHE_SHARE:.0%}). Fix: a lower "
