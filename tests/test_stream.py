@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import pyarrow as pa
 import pytest
 import torch
 from conftest import ENV, SharedRay, free_port, ultralytics_train_dataset, yolo_ray
@@ -34,6 +35,7 @@ from yolo_ray.data import (
     stream_pipeline,
     stream_source,
 )
+from yolo_ray.data.packed_bytes import PackedBytes, arrow_rows
 from yolo_ray.data.synth import SynthSpec, generate
 from yolo_ray.summary import read_jsonl
 
@@ -234,13 +236,18 @@ def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
 def test_decode_pool_reuses_its_shared_batches_in_turn(scenes: Path) -> None:
     """More batches than the pool has shared batches, of different sizes, each submitted before the one before is
     taken (as the loader hands them over) and one taken out of turn: each comes back as the images decoded alone, and
-    a batch handed out earlier (a copy of its own on a CPU) is not overwritten by the later ones."""
+    a batch handed out earlier (a copy of its own on a CPU) is not overwritten by the later ones. The bytes come as
+    Ray Data's Arrow column (a slice of it, as a batch of a larger block) or as Python bytes, and outgrow the shared
+    input buffers (made for 1 KB an image here), which the pool then replaces."""
     files = sorted(str(f) for f in (scenes / "train" / "images").iterdir())[:10]
     data = np.array([Path(f).read_bytes() for f in files] + [b""], dtype=object)[:-1]
+    column = pa.chunked_array([pa.array(list(data), type=pa.binary())])
     cuts = ((0, 4), (4, 3), (7, 3), (2, 4), (1, 2), (5, 3))
-    pool = decode_pool.DecodePool(96, 4, processes=2, depth=2, device=torch.device("cpu"))
+    pool = decode_pool.DecodePool(96, 4, processes=2, depth=2, device=torch.device("cpu"), input_bytes_per_image=1024)
     try:
-        pending = [pool.submit(data[i : i + n], np.array(files[i : i + n])) for i, n in cuts[:2]]
+        arrow = PackedBytes.from_arrow(column.slice(0, 4))
+        assert [bytes(b) for b in arrow] == list(data[:4])
+        pending = [pool.submit(arrow, files[:4]), pool.submit(data[4:7], np.array(files[4:7]))]
         got = [pool.result(pending[0])]
         pending.append(pool.submit(data[7:10], np.array(files[7:10])))  # into the first's batch, taken already
         got += [pool.result(p) for p in pending[1:]]
@@ -254,6 +261,22 @@ def test_decode_pool_reuses_its_shared_batches_in_turn(scenes: Path) -> None:
             want = np.empty((96, 96, 3), np.uint8)
             assert tuple(hw[k]) == image_decode.decode_into(want, data[i + k], files[i + k])
             assert np.array_equal(batch[k].numpy(), want)
+
+
+def test_arrow_batches_give_their_bytes_without_a_copy_an_image() -> None:
+    """Ray Data's Arrow batch (binary or large_binary, cut from a larger block) -> the rows the loader reads: every
+    image's bytes as they were, all of them views of Arrow's one buffer."""
+    items = [b"", b"a", b"bcd" * 100, b"\xff\xd8xyz"]
+    for kind in (pa.binary(), pa.large_binary()):
+        column = pa.array([b"zz", *items], type=kind).slice(1)
+        packed = PackedBytes.from_arrow(column)
+        assert [bytes(b) for b in packed] == items and bytes(packed.span()) == b"".join(items)
+        assert np.shares_memory(packed.values, np.frombuffer(column.buffers()[2], np.uint8))
+    table = pa.table({"id": [3, 4], "file": ["a.jpg", "b.png"], "labels": [b"", b"\x00" * 20], "data": [b"x", b"yz"]})
+    rows = arrow_rows(table)
+    assert rows["id"].tolist() == [3, 4] and rows["file"] == ["a.jpg", "b.png"] and rows["labels"][1] == b"\x00" * 20
+    assert [bytes(b) for b in rows["data"]] == [b"x", b"yz"]
+    assert len(PackedBytes.from_arrow(pa.array([], pa.binary()))) == 0
 
 
 def test_decoding_processes_fail_early_where_shared_memory_is_too_small(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ numpy and OpenCV only, so the stream's decoding processes (decode_pool.py) start
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 PAD = 114.0  # Ultralytics' border grey
 
 
-def decode_into(slot: np.ndarray, data: bytes, name: str) -> tuple[int, int]:
+def decode_into(slot: np.ndarray, data: bytes | memoryview, name: str) -> tuple[int, int]:
     """One image decoded and resized as load_image does it into an imgsz^2 slot (HWC, RGB), the rest of the slot
     PAD; returns its (h, w). Resized in BGR, as load_image does, and turned RGB in the copy into the slot (one copy of
     the image fewer than decode_cpu then resize_cpu). Called in processes (Ray Data's tasks, decode_pool.py): in
@@ -24,12 +25,12 @@ def decode_into(slot: np.ndarray, data: bytes, name: str) -> tuple[int, int]:
     return h, w
 
 
-def decode_cpu(data: bytes, name: str) -> np.ndarray:
+def decode_cpu(data: bytes | memoryview, name: str) -> np.ndarray:
     """RGB uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour) then its BGR -> RGB."""
     return np.ascontiguousarray(decode_bgr(data, name)[..., ::-1])
 
 
-def decode_bgr(data: bytes, name: str) -> np.ndarray:
+def decode_bgr(data: bytes | memoryview, name: str) -> np.ndarray:
     """BGR uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour)."""
     import cv2
 
@@ -67,7 +68,23 @@ def attach(name: str, shape: tuple[int, ...]) -> None:
     _SHARED.update(shm=shm, batches=np.ndarray(shape, np.uint8, buffer=shm.buf))
 
 
-def decode_chunk(k: int, slots: list[int], data: list[bytes], names: list[str]) -> list[tuple[int, int]]:
-    """In a decoding process: images into shared batch k's slots; their (h, w)."""
-    batch = _SHARED["batches"][k]
-    return [decode_into(batch[i], d, n) for i, d, n in zip(slots, data, names, strict=True)]
+def decode_chunk(
+    k: int, slots: list[int], source: str, spans: list[tuple[int, int]], names: list[str]
+) -> list[tuple[int, int]]:
+    """In a decoding process: the images at `spans` of shared input buffer `source` into shared batch k's slots;
+    their (h, w)."""
+    batch, data = _SHARED["batches"][k], _input(k, source)
+    return [decode_into(batch[i], data[a:b], n) for i, (a, b), n in zip(slots, spans, names, strict=True)]
+
+
+def _input(k: int, name: str) -> memoryview:
+    """Shared input buffer k, mapped once (again when the pool replaced it with a larger one)."""
+    from multiprocessing import shared_memory
+
+    inputs = _SHARED.setdefault("inputs", {})
+    if k not in inputs or inputs[k].name != name:
+        if k in inputs:
+            with contextlib.suppress(BufferError):
+                inputs[k].close()
+        inputs[k] = shared_memory.SharedMemory(name=name)
+    return inputs[k].buf

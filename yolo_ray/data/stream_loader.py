@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -44,6 +44,7 @@ from yolo_ray.data.device_cache import CACHE_SHARE, PAD, DeviceCache, Labels, fi
 from yolo_ray.data.device_loader import decode_threads as node_decode_threads
 from yolo_ray.data.feed_clock import FeedClock
 from yolo_ray.data.image_decode import decode_cpu, resized_hw
+from yolo_ray.data.packed_bytes import PackedBytes, arrow_rows
 from yolo_ray.data.stream_labels import label_batch
 
 PREFETCH_BATCHES = 4  # batches Ray Data keeps ready for each rank
@@ -182,7 +183,7 @@ class Decoder:
         procs = default_processes(threads)
         self.procs = DecodePool(imgsz, batch, procs, DECODE_AHEAD + 3, device) if mode == "worker" else None
 
-    def submit(self, data: np.ndarray, files: np.ndarray) -> Pending:
+    def submit(self, data: PackedBytes | Sequence[bytes], files: Sequence[str]) -> Pending:
         """mode worker: a batch's bytes to this rank's decoding processes; `slots` waits for it."""
         assert self.procs is not None
         return self.procs.submit(data, files)
@@ -199,7 +200,7 @@ class Decoder:
         if self.procs is not None:
             self.procs.close()
 
-    def __call__(self, data: np.ndarray, files: np.ndarray) -> list[torch.Tensor]:
+    def __call__(self, data: PackedBytes | Sequence[bytes], files: Sequence[str]) -> list[torch.Tensor]:
         out: list[torch.Tensor | None] = [None] * len(data)
         jpeg = [i for i, d in enumerate(data) if self.device.type == "cuda" and bytes(d[:2]) == b"\xff\xd8"]
         if jpeg:
@@ -370,10 +371,15 @@ class StreamLoader:
         starts (Ray Data's shuffle and first read tasks: 0.6 s of a 2.9 s epoch on 3000 images, one H100), while
         those batches are still to be trained on, as Ultralytics' InfiniteDataLoader keeps its workers loading."""
         epoch = first
+        # bytes to decode here: Arrow batches, their image bytes one buffer (packed_bytes.py: no Python object an
+        # image); pixels decoded by Ray Data: numpy
+        fmt = "numpy" if self.decoder is None else "pyarrow"
         while self.may_start(epoch):
             rows = self.shard.iter_batches(
-                batch_size=self.batch_size, batch_format="numpy", prefetch_batches=PREFETCH_BATCHES
+                batch_size=self.batch_size, batch_format=fmt, prefetch_batches=PREFETCH_BATCHES
             )
+            if fmt == "pyarrow":
+                rows = map(arrow_rows, rows)
             yield from self.clock(epoch).timed("read", rows)
             yield EPOCH_END
             epoch += 1
