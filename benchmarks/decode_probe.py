@@ -29,11 +29,9 @@ def probe(folder: Path, n: int, imgsz: int = 640, batch: int = 64) -> dict:
     diffs: dict[str, list[float]] = {}
     worst = 0.0
     for i in range(0, len(files), batch):
-        got = decoder(
-            np.array(data[i : i + batch] + [b""], dtype=object)[:-1], np.array([str(f) for f in files[i : i + batch]])
-        )
-        for f, d, im in zip(files[i : i + batch], data[i : i + batch], got, strict=True):
-            want = resize_cpu(decode_cpu(d, str(f)), imgsz)
+        got, sizes = decoder(data[i : i + batch], [str(f) for f in files[i : i + batch]])
+        for f, d, padded, (h, w) in zip(files[i : i + batch], data[i : i + batch], got, sizes, strict=True):
+            want, im = resize_cpu(decode_cpu(d, str(f)), imgsz), padded[:h, :w]
             assert tuple(im.shape) == want.shape, (f, im.shape, want.shape)
             diff = np.abs(im.cpu().numpy().astype(int) - want.astype(int))
             diffs.setdefault(f.suffix, []).append(float(diff.mean()))

@@ -152,17 +152,18 @@ def test_a_variant_is_labelled_and_its_overrides_win() -> None:
 
 
 def test_stream_paths_decode_where_they_say(monkeypatch: pytest.MonkeyPatch) -> None:
-    """streamworker decodes in the Train worker, stream (the default decoder) and streamcpu in Ray Data's tasks; each
-    takes the CPUs its decoder's rule gives it (13 and 2 on a 16-CPU host: test_auto_cpus_per_worker); all with
-    CUDA graphs on a GPU."""
+    """streamworker decodes in the Train worker, streamdevice on its GPU, stream (the default decoder) and streamcpu in
+    Ray Data's tasks; each takes the CPUs its decoder's rule gives it (13 and 2 on a 16-CPU host:
+    test_auto_cpus_per_worker); all with CUDA graphs on a GPU."""
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    p = harness.ParitySettings(runs="stream-e4-s0,streamcpu-e4-s0,streamworker-e4-s0")
+    p = harness.ParitySettings(runs="stream-e4-s0,streamcpu-e4-s0,streamworker-e4-s0,streamdevice-e4-s0")
     got = {}
     for e in harness.plan(p, cpu=False):
         cfg = parse_overrides([*e.args, *harness._overrides(p, e)])
         assert cfg["data"]["loader"] == "stream" and cfg["train"]["cuda_graphs"] is True
         got[e.path] = (cfg["data"].get("stream_decode", "auto"), cfg["scaling"]["cpus_per_worker"])
-    assert got == {"stream": ("auto", "auto"), "streamcpu": ("cpu", "auto"), "streamworker": ("worker", "auto")}
+    assert got == {"stream": ("auto", "auto"), "streamcpu": ("cpu", "auto"), "streamworker": ("worker", "auto"),
+                   "streamdevice": ("device", "auto")}  # fmt: skip
 
 
 def test_runs_at_once_stay_within_the_gpu_memory_budget() -> None:

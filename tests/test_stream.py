@@ -201,7 +201,8 @@ def test_cli_exits_2_before_ray_starts(s3: S3Server, scenes: Path, tmp_path: Pat
 def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
     """Every decoder gives the images Ultralytics' load_image gives (long side imgsz, aspect kept, RGB): OpenCV in
     Ray Data tasks and in the worker's own processes to the pixel (the worker's in a padded batch, PAD around each
-    image), the device path's torch resize within a grey level on average."""
+    image), the device path's torch resize within a grey level on average (a padded batch too, each source size
+    resized in one call: the same pixels as the images decoded one at a time)."""
     _, dataset = ultralytics_train_dataset(scenes, 160)
     dataset.augment = False
     decoder = stream_loader.Decoder(160, torch.device("cpu"), threads=2)
@@ -215,6 +216,8 @@ def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
         stream_source.Filesystem("local"), 160, decode=True,
     )  # fmt: skip
     assert np.array_equal(batch.numpy(), ray_rows["pixels"]) and np.array_equal(sizes, ray_rows["hw"])
+    on_device, dev_sizes = decoder(data, files)  # the whole batch: one padded batch, as the worker's
+    assert on_device.shape == batch.shape
     kinds = Counter()
     for k, i in enumerate(picked):
         want, _, (h, w) = dataset.load_image(i)
@@ -225,10 +228,12 @@ def test_decoding_matches_ultralytics_load_image(scenes: Path) -> None:
         slot = batch[k].numpy()
         assert tuple(sizes[k]) == want.shape[:2] and np.array_equal(slot[:h, :w], want)
         assert (slot[h:] == int(device_cache.PAD)).all() and (slot[:, w:] == int(device_cache.PAD)).all()
-        dev = decoder(data[k : k + 1], files[k : k + 1])[0].numpy()
-        assert dev.shape == want.shape
-        assert np.abs(dev.astype(int) - want.astype(int)).mean() < 1.0
+        dev = on_device[k].numpy()
+        assert tuple(dev_sizes[k]) == want.shape[:2] and np.abs(dev[:h, :w].astype(int) - want.astype(int)).mean() < 1.0
+        assert (dev[h:] == int(device_cache.PAD)).all() and (dev[:, w:] == int(device_cache.PAD)).all()
     assert kinds[".png"] and kinds[".jpg"] and min(h for h, _ in sizes) < 160 and min(w for _, w in sizes) < 160
+    one_by_one = [decoder(data[k : k + 1], files[k : k + 1])[0][0] for k in range(len(picked))]
+    assert all(torch.equal(a, b) for a, b in zip(one_by_one, on_device, strict=True))  # grouped by size, the same
     decoder.close()
     worker.close()
 

@@ -149,10 +149,11 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
         "throughput": [*use, *device_path(BenchSettings()), *GRAPHS],
     }
     # the fast path with data.loader=stream: its default decoder (data.stream_decode auto), OpenCV in Ray Data's CPU
-    # tasks, or OpenCV in the Train worker's processes
+    # tasks, OpenCV in the Train worker's processes, or nvJPEG on its GPU
     stream = [*use, "data.loader=stream", *fast, *([] if cpu else GRAPHS)]
     args["stream"], args["streamcpu"] = stream, [*stream, "data.stream_decode=cpu"]
     args["streamworker"] = [*stream, "data.stream_decode=worker"]
+    args["streamdevice"] = [*stream, "data.stream_decode=device"]
     for v, extra in VALIDATING.items():  # the fast path (graphs on a GPU), validating every epoch
         on_gpu = [] if cpu else [*GRAPHS, *(SHARED_GPU if v == "valasync" else [])]
         args[v] = [*use, *device_path(BenchSettings()), *on_gpu, *extra]

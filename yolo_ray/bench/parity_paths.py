@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "valinline", "valasync", "valthread", "stream",
-         "streamcpu", "streamworker")  # fmt: skip
+         "streamcpu", "streamworker", "streamdevice")  # fmt: skip
 DEFAULT_PATHS = PATHS[:5]
 # the fast path validating every epoch (the others validate once, at the end): inline, or by its own actor on a
 # quarter of the GPU (train.val_async, worker/async_val.py): what validation costs the training GPU's epoch

@@ -85,7 +85,7 @@ class Prepared(NamedTuple):
     images: list[torch.Tensor]  # RGB HWC uint8, long side imgsz
     hw: torch.Tensor  # [B, 2]
     labels: Labels  # boxes in pixels of the resized images (no keypoints)
-    padded: torch.Tensor | None = None  # the batch as [B, imgsz, imgsz, 3] (decoded by Ray Data): one copy a batch
+    padded: torch.Tensor | None = None  # the batch as [B, imgsz, imgsz, 3] (as every decoder gives it): one copy
     ready: torch.cuda.Event | None = None  # on a GPU: its copies (made on a side stream) are done
 
     def tensors(self) -> list[torch.Tensor]:
@@ -200,7 +200,31 @@ class Decoder:
         if self.procs is not None:
             self.procs.close()
 
-    def __call__(self, data: PackedBytes | Sequence[bytes], files: Sequence[str]) -> list[torch.Tensor]:
+    def __call__(self, data: PackedBytes | Sequence[bytes], files: Sequence[str]) -> tuple[torch.Tensor, np.ndarray]:
+        """mode device: the batch decoded and resized on the device, as one padded batch [B, imgsz, imgsz, 3] (PAD
+        around each image, as `slots` gives it) and each image's (h, w). One resize call per source size (the
+        real-shaped set has 9), and the ring then takes the batch in one copy: per image they were ~5 launches each
+        on the feed thread and a copy each on the training thread."""
+        decoded = self.decode(data, files)
+        out = torch.full((len(decoded), self.imgsz, self.imgsz, 3), int(PAD), dtype=torch.uint8, device=self.device)
+        sizes = np.zeros((len(decoded), 2), dtype=np.int32)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, im in enumerate(decoded):
+            groups.setdefault((im.shape[1], im.shape[2]), []).append(i)
+        for (h0, w0), idx in groups.items():
+            h, w = resized_hw(h0, w0, self.imgsz)
+            x = torch.stack([decoded[i] for i in idx])
+            if (h, w) != (h0, w0):  # bilinear with half-pixel centres (cv2's INTER_LINEAR), image by image as one call
+                x = F.interpolate(x.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=False)
+                x = x.round_().clamp_(0, 255).to(torch.uint8)
+            out[torch.tensor(idx, device=self.device), :h, :w] = x.permute(0, 2, 3, 1)
+            sizes[idx] = (h, w)
+        return out, sizes
+
+    def decode(self, data: PackedBytes | Sequence[bytes], files: Sequence[str]) -> list[torch.Tensor]:
+        """Each image RGB, CHW uint8 on the device, at its own size: JPEG with nvJPEG, a batch in one call (on
+        A100/H100-class GPUs torchvision's batched decode uses their hardware JPEG engines), the rest with OpenCV in
+        threads."""
         out: list[torch.Tensor | None] = [None] * len(data)
         jpeg = [i for i, d in enumerate(data) if self.device.type == "cuda" and bytes(d[:2]) == b"\xff\xd8"]
         if jpeg:
@@ -208,21 +232,12 @@ class Decoder:
 
             raw = [torch.frombuffer(bytearray(data[i]), dtype=torch.uint8) for i in jpeg]
             for i, im in zip(jpeg, decode_jpeg(raw, mode=ImageReadMode.RGB, device=self.device), strict=True):
-                out[i] = im.permute(1, 2, 0)
+                out[i] = im
         rest = [i for i in range(len(data)) if out[i] is None]
         decoded = self.pool.map(lambda i: torch.from_numpy(decode_cpu(data[i], str(files[i]))), rest)
         for i, im in zip(rest, decoded, strict=True):
-            out[i] = im.to(self.device, non_blocking=True)
-        return [self.resize(im) for im in out if im is not None]
-
-    def resize(self, im: torch.Tensor) -> torch.Tensor:
-        """HWC uint8 -> long side imgsz, bilinear with half-pixel centres (cv2's INTER_LINEAR)."""
-        h, w = resized_hw(im.shape[0], im.shape[1], self.imgsz)
-        if (h, w) == tuple(im.shape[:2]):
-            return im
-        x = im.permute(2, 0, 1)[None].float()
-        x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False, antialias=False)
-        return x[0].round_().clamp_(0, 255).to(torch.uint8).permute(1, 2, 0)
+            out[i] = im.permute(2, 0, 1).to(self.device, non_blocking=True)
+        return [im for im in out if im is not None]
 
 
 class StreamIndexDataset:
@@ -427,7 +442,7 @@ class StreamLoader:
         waits for the stream it is on)."""
         side, clock = self.copy_stream, clock or FeedClock()
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), clock.stage("prepare"):
-            pixels, host, sizes = None, None, None
+            host, sizes = None, None
             if self.decoder is None:  # decoded by Ray Data on CPUs
                 host, sizes = torch.from_numpy(rows["pixels"]), rows["hw"]
             elif pending is not None:  # decoded here, by this rank's OpenCV processes
@@ -437,11 +452,11 @@ class StreamLoader:
                 pixels = self.upload(host)
                 if pending is not None:  # its shared host batch is free again once this copy is done
                     self.decoder.procs.used(pending, side)
-                images = [pixels[i, :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
-            else:
+            else:  # decoded on the device
                 with clock.stage("decode"):
-                    images = self.decoder(rows["data"], rows["file"])
-            hw = np.array([im.shape[:2] for im in images], dtype=np.float32)
+                    pixels, sizes = self.decoder(rows["data"], rows["file"])
+            images = [pixels[i, :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
+            hw = np.asarray(sizes, dtype=np.float32)
             with clock.stage("labels"):  # parsed by Ray Data's tasks (stream_labels.py): one array, one copy
                 packed = self.upload(torch.from_numpy(label_batch(rows["labels"], hw)))
                 labels = Labels(packed[..., :4], packed[..., 4], packed[..., 5] > 0, None)
