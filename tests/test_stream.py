@@ -493,6 +493,40 @@ def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_
     assert len({tuple(o) for o in orders}) == len(orders)
 
 
+def test_bytes_decoded_on_the_rank_fill_the_ring_from_arrow_batches(
+    scenes: Path, shared_ray: SharedRay, tmp_path: Path
+) -> None:
+    """stream_decode device on a real Ray Data shard of bytes (Arrow batches, packed_bytes.py): the epoch serves each
+    image once, and the ring holds each image as OpenCV decodes and resizes it (the device path's torch resize, within
+    a grey level on average), PAD around it."""
+    import ray
+
+    files = sorted(str(f) for f in (scenes / "train" / "images").iterdir())[:24]
+    rows = [{"id": i, "image": f, "label": stream_source.label_path(f)} for i, f in enumerate(files)]
+    shared_ray.env()
+    ray.init(address=shared_ray.address, log_to_driver=False)
+    try:
+        ds = stream_pipeline.pipeline(rows, stream_source.Filesystem("local"), 96, False, seed=0, batch=8)
+        loader = stream_loader.StreamLoader(
+            ds.streaming_split(1, equal=True)[0], images=24, rows=24, batch_size=8, rank=0, world_size=1,
+            hyp=device_augment.AugmentHyp(), seed=0, device=torch.device("cpu"), imgsz=96, ring_rows=24,
+            record_dir=tmp_path, decode="device", decode_threads=2, epochs=1,
+        )  # fmt: skip
+        loader.sampler.set_epoch(0)
+        served = [f for b in loader for f in b["im_file"]]
+        loader.close()
+    finally:
+        ray.shutdown()
+    assert sorted(served) == files
+    for slot, f in enumerate(served):  # the ring's slots in the order served (24 images, 24 slots)
+        want = image_decode.resize_cpu(image_decode.decode_cpu(Path(f).read_bytes(), f), 96)
+        h, w = want.shape[:2]
+        got = loader.ring.images[slot].numpy()
+        assert tuple(loader.ring.hw[slot].int().tolist()) == (h, w)
+        assert np.abs(got[:h, :w].astype(int) - want.astype(int)).mean() < 1.0
+        assert (got[h:] == int(device_cache.PAD)).all() and (got[:, w:] == int(device_cache.PAD)).all()
+
+
 def test_a_stopped_prefetch_ends_the_thread_waiting_on_it() -> None:
     """The stream's threads in a chain (reader -> feed -> training thread): stopping one ends the iteration of the
     thread waiting on it, which is how StreamLoader.close ends its feed thread while that waits for rows; errors
