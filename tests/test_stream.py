@@ -3,6 +3,7 @@ loopback, credentials enforced), decoded near the device, augmented with the dev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -14,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -435,24 +437,35 @@ def test_batches_copied_on_a_side_stream_fill_the_ring_as_on_the_cpu() -> None:
     assert torch.equal(a.valid, b.valid.cpu()) and torch.equal(a.boxes[a.valid], b.boxes.cpu()[b.valid.cpu()])
 
 
+@contextlib.contextmanager
+def local_stream(
+    scenes: Path, shared_ray: SharedRay, tmp_path: Path, images: int, ray_decodes: bool, **loader: Any
+) -> Iterator[tuple[list[str], stream_loader.StreamLoader]]:
+    """A one-rank StreamLoader (batch 8, 96 px, on the CPU) over a real Ray Data shard of the first `images` local
+    scenes (ray_decodes: Ray Data's tasks decode them, else the rank gets their bytes), with the files in order."""
+    import ray
+
+    files = sorted(str(f) for f in (scenes / "train" / "images").iterdir())[:images]
+    rows = [{"id": i, "image": f, "label": stream_source.label_path(f)} for i, f in enumerate(files)]
+    shared_ray.env()  # started if another test stopped it
+    ray.init(address=shared_ray.address, log_to_driver=False)
+    try:
+        ds = stream_pipeline.pipeline(rows, stream_source.Filesystem("local"), 96, ray_decodes, seed=0, batch=8)
+        yield files, stream_loader.StreamLoader(
+            ds.streaming_split(1, equal=True)[0], images=images, rows=images, batch_size=8, rank=0, world_size=1,
+            hyp=device_augment.AugmentHyp(), seed=0, device=torch.device("cpu"), imgsz=96, record_dir=tmp_path,
+            **loader,
+        )  # fmt: skip
+    finally:
+        ray.shutdown()
+
+
 def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_ray: SharedRay, tmp_path: Path) -> None:
     """On a real Ray Data shard: the feed reads rows ahead, so the next epoch's reading starts while this one is still
     being trained on (Ray Data's start of an epoch overlaps this one's end), but never past the run's epochs unless
     asked; an epoch the trainer leaves early is skipped, so the next serves each image once; every epoch has its own
     order."""
-    import ray
-
-    files = sorted(str(f) for f in (scenes / "train" / "images").iterdir())[:48]
-    rows = [{"id": i, "image": f, "label": stream_source.label_path(f)} for i, f in enumerate(files)]
-    shared_ray.env()  # started if another test stopped it
-    ray.init(address=shared_ray.address, log_to_driver=False)
-    try:
-        ds = stream_pipeline.pipeline(rows, stream_source.Filesystem("local"), 96, True, seed=0, batch=8)
-        loader = stream_loader.StreamLoader(
-            ds.streaming_split(1, equal=True)[0], images=48, rows=48, batch_size=8, rank=0, world_size=1,
-            hyp=device_augment.AugmentHyp(), seed=0, device=torch.device("cpu"), imgsz=96, ring_rows=0,
-            record_dir=tmp_path, epochs=3,
-        )  # fmt: skip
+    with local_stream(scenes, shared_ray, tmp_path, 48, ray_decodes=True, ring_rows=0, epochs=3) as (files, loader):
 
         def epoch(e: int, batches: int = 99) -> list[str]:
             loader.sampler.set_epoch(e)
@@ -486,8 +499,6 @@ def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_
         assert loader.in_flight == 0  # every batch prepared was taken off once: the epoch left early's included
         loader.close()
         loader.close()  # Ultralytics' trainer closes its loaders at the end; a second close does nothing
-    finally:
-        ray.shutdown()
     for order in orders:
         assert sorted(order) == files, "each image once an epoch"
     assert len({tuple(o) for o in orders}) == len(orders)
@@ -499,24 +510,12 @@ def test_bytes_decoded_on_the_rank_fill_the_ring_from_arrow_batches(
     """stream_decode device on a real Ray Data shard of bytes (Arrow batches, packed_bytes.py): the epoch serves each
     image once, and the ring holds each image as OpenCV decodes and resizes it (the device path's torch resize, within
     a grey level on average), PAD around it."""
-    import ray
-
-    files = sorted(str(f) for f in (scenes / "train" / "images").iterdir())[:24]
-    rows = [{"id": i, "image": f, "label": stream_source.label_path(f)} for i, f in enumerate(files)]
-    shared_ray.env()
-    ray.init(address=shared_ray.address, log_to_driver=False)
-    try:
-        ds = stream_pipeline.pipeline(rows, stream_source.Filesystem("local"), 96, False, seed=0, batch=8)
-        loader = stream_loader.StreamLoader(
-            ds.streaming_split(1, equal=True)[0], images=24, rows=24, batch_size=8, rank=0, world_size=1,
-            hyp=device_augment.AugmentHyp(), seed=0, device=torch.device("cpu"), imgsz=96, ring_rows=24,
-            record_dir=tmp_path, decode="device", decode_threads=2, epochs=1,
-        )  # fmt: skip
+    stream = local_stream(scenes, shared_ray, tmp_path, 24, ray_decodes=False, ring_rows=24, epochs=1,
+                          decode="device", decode_threads=2)  # fmt: skip
+    with stream as (files, loader):
         loader.sampler.set_epoch(0)
         served = [f for b in loader for f in b["im_file"]]
         loader.close()
-    finally:
-        ray.shutdown()
     assert sorted(served) == files
     for slot, f in enumerate(served):  # the ring's slots in the order served (24 images, 24 slots)
         want = image_decode.resize_cpu(image_decode.decode_cpu(Path(f).read_bytes(), f), 96)
