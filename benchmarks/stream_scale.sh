@@ -8,11 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 #   COPIES=0: the first size only; SMALL_RUNS=... / LARGE_RUNS=...: other runs at the first / the second size
-#   (SMALL_RUNS= empty: none at the first size, e.g. a second call on the same warm machine)
+#   (SMALL_RUNS= empty: none at the first size, e.g. a second call on the same warm machine); PROBE=0: no decode probe
 n=${IMAGES:-10000} copies=${COPIES:-5} out=${OUT_DIR:-benchmarks/runs-scale}
 mkdir -p "$out"
 [ -f "datasets/scale$n/data.yaml" ] || python -m yolo_ray data synth "datasets/scale$n" style=real images="$n" imgsz=640 classes=5
-python benchmarks/decode_probe.py "datasets/scale$n/train/images" 512 --out "$out/decode.json"
+[ "${PROBE:-1}" = 0 ] || python benchmarks/decode_probe.py "datasets/scale$n/train/images" 512 --out "$out/decode.json"
 summarize() {  # each run's epochs so far -> $out/epochs.json (after each size: a call cut short keeps the first)
   python - "$out" <<'PY'
 import json, sys
