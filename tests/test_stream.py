@@ -361,7 +361,8 @@ def test_ring_mosaic_keeps_the_device_loaders_statistics(scenes: Path) -> None:
         labels = [_yolo_rows(cache, r) for r in rows]
         hw = torch.tensor([im.shape[:2] for im in images], dtype=torch.float32)
         rows_labels = [{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in labels]
-        slots = ring.add(stream_loader.Prepared(rows, [], images, hw, device_cache.label_tensors(rows_labels, hw)))
+        targets = device_cache.label_tensors(rows_labels, hw)
+        slots = ring.add(stream_loader.Prepared(rows, [], _padded(images, 160), hw, targets))
         streamed.append(device_augment.augment_batch(ring.view(), slots, hyp, g))
     a, b = _stats(full), _stats(streamed)
     assert ring.labels.boxes.shape[1] >= max(len(x) for x in labels)  # grew past 4 boxes
@@ -371,39 +372,40 @@ def test_ring_mosaic_keeps_the_device_loaders_statistics(scenes: Path) -> None:
         assert abs(a[k] - b[k]) < 0.12 * a[k], (k, a, b)
 
 
-def test_a_padded_batch_fills_the_ring_as_its_images_do(scenes: Path) -> None:
-    """Ray Data's decoded batch (one [B, imgsz, imgsz, 3] array) goes into the ring in contiguous copies: the ring
-    then holds the same pixels, sizes and boxes as when each image is copied into its slot, across wraps of the ring
-    at a batch's edge and inside a batch (an epoch's last, smaller batch shifts the next ones), and each image is
-    in the slot `add` returned for it."""
+def _padded(images: list[torch.Tensor], imgsz: int) -> torch.Tensor:
+    """Images as a decoder's batch: [B, imgsz, imgsz, 3], each at the top left, PAD around."""
+    out = torch.full((len(images), imgsz, imgsz, 3), int(device_cache.PAD), dtype=torch.uint8)
+    for i, im in enumerate(images):
+        out[i, : im.shape[0], : im.shape[1]] = im
+    return out
+
+
+def test_a_batch_fills_its_slots_of_the_ring_across_wraps(scenes: Path) -> None:
+    """A decoded batch goes into the ring in contiguous copies, split where the ring wraps, at a batch's edge and
+    inside a batch (an epoch's last, smaller batch shifts the next ones): each image, its size and its boxes are in
+    the slot `add` returned for it, PAD around the image, and no box of the slot's earlier image is left."""
     _, dataset = ultralytics_train_dataset(scenes, 160)
     cache = device_cache.DeviceCache.build(dataset, 160, torch.device("cpu"), threads=2)
-    rings = [stream_loader.RingCache(16, 160, torch.device("cpu"), max_boxes=4) for _ in range(2)]
+    ring = stream_loader.RingCache(16, 160, torch.device("cpu"), max_boxes=4)
     start = 0
     for size in (8, 5, 8, 8, 8):  # into 16 slots: the third wraps inside the batch (slots 13-15, then 0-4)
         rows = list(range(start, start + size))
         start += size
         hw = cache.hw[rows]
         images = [cache.images[r, : int(cache.hw[r, 0]), : int(cache.hw[r, 1])] for r in rows]
-        padded = torch.full((size, 160, 160, 3), int(device_cache.PAD), dtype=torch.uint8)
-        for i, im in enumerate(images):
-            padded[i, : im.shape[0], : im.shape[1]] = im
         labels = [{"cls": lb[:, 0], "bboxes": lb[:, 1:]} for lb in (_yolo_rows(cache, r) for r in rows)]
         targets = device_cache.label_tensors(labels, hw)
-        for ring, whole in zip(rings, (None, padded), strict=True):
-            slots = ring.add(stream_loader.Prepared(rows, [], images, hw, targets, whole))
-            assert slots.tolist() == [(start - size + i) % 16 for i in range(size)]
-            k = targets.valid.shape[1]
-            assert torch.equal(ring.hw[slots], hw) and torch.equal(ring.labels.valid[slots, :k], targets.valid)
-            assert not ring.labels.valid[slots, k:].any()  # a slot's earlier image's extra boxes are gone
-            for s, im in zip(slots.tolist(), images, strict=True):
-                assert torch.equal(ring.images[s, : im.shape[0], : im.shape[1]], im)
-    by_image, by_batch = rings[0].view(), rings[1].view()
-    for h, w, a, b in zip(*by_image.hw.int().T, by_image.images, by_batch.images, strict=True):
-        assert torch.equal(a[:h, :w], b[:h, :w])
-    assert torch.equal(by_image.hw, by_batch.hw)
-    assert torch.equal(by_image.valid, by_batch.valid)
-    assert torch.equal(by_image.boxes[by_image.valid], by_batch.boxes[by_batch.valid])
+        slots = ring.add(stream_loader.Prepared(rows, [], _padded(images, 160), hw, targets))
+        assert slots.tolist() == [(start - size + i) % 16 for i in range(size)]
+        k = targets.valid.shape[1]
+        assert torch.equal(ring.hw[slots], hw) and torch.equal(ring.labels.valid[slots, :k], targets.valid)
+        assert torch.equal(ring.labels.boxes[slots, :k][targets.valid], targets.boxes[targets.valid])
+        assert not ring.labels.valid[slots, k:].any()  # a slot's earlier image's extra boxes are gone
+        for s, im in zip(slots.tolist(), images, strict=True):
+            h, w = im.shape[:2]
+            assert torch.equal(ring.images[s, :h, :w], im)
+            assert (ring.images[s, h:] == device_cache.PAD).all() and (ring.images[s, :, w:] == device_cache.PAD).all()
+    assert ring.view().images.shape[0] == 16  # filled: every slot a mosaic partner
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU only (the device tool)")

@@ -82,16 +82,14 @@ class Prepared(NamedTuple):
 
     ids: list[int]
     files: list[str]
-    images: list[torch.Tensor]  # RGB HWC uint8, long side imgsz
-    hw: torch.Tensor  # [B, 2]
+    pixels: torch.Tensor  # [B, imgsz, imgsz, 3] RGB uint8: each image at long side imgsz, top left, PAD around
+    hw: torch.Tensor  # [B, 2]: each image's (h, w) in `pixels`
     labels: Labels  # boxes in pixels of the resized images (no keypoints)
-    padded: torch.Tensor | None = None  # the batch as [B, imgsz, imgsz, 3] (as every decoder gives it): one copy
     ready: torch.cuda.Event | None = None  # on a GPU: its copies (made on a side stream) are done
 
     def tensors(self) -> list[torch.Tensor]:
-        """Its tensors on the device, each storage once (the images are views of `padded` when there is one)."""
-        images = [self.padded] if self.padded is not None else self.images
-        return [*images, self.hw, *self.labels[:3]]
+        """Its tensors on the device."""
+        return [self.pixels, self.hw, *self.labels[:3]]
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors())
@@ -124,7 +122,7 @@ class RingCache:
     def add(self, batch: Prepared) -> torch.Tensor:
         """A prepared batch into the next slots (on the training thread's stream, after the kernels that read the
         slots before); returns its slots."""
-        b, m = len(batch.images), batch.labels.boxes.shape[1]
+        b, m = len(batch.pixels), batch.labels.boxes.shape[1]
         if m > self.labels.boxes.shape[1]:
             self._grow(m)
         # made on the device: a copy from pageable host memory waits for the whole stream (14% of the training
@@ -135,15 +133,11 @@ class RingCache:
         # contiguous slots, split in two where the ring wraps: plain copies (an index write is a scatter, and under
         # Ultralytics' deterministic mode a sorted one)
         for ring, src in self._spans(b):
-            if batch.padded is not None:  # one copy; a copy an image took 14% of the training thread on an H200
-                self.images[ring].copy_(batch.padded[src])
+            self.images[ring].copy_(batch.pixels[src])  # one copy; a copy an image took 14% of it on an H200
             self.hw[ring] = hw[src]
             self.labels.valid[ring] = False
             self.labels.boxes[ring, :m], self.labels.cls[ring, :m] = boxes[src], cls[src]
             self.labels.valid[ring, :m] = valid[src]
-        if batch.padded is None:
-            for i, im in enumerate(batch.images):
-                self.images[(self.next + i) % self.size, : im.shape[0], : im.shape[1]] = im
         self.next = (self.next + b) % self.size
         self.filled = min(self.size, self.filled + b)
         return on
@@ -455,14 +449,13 @@ class StreamLoader:
             else:  # decoded on the device
                 with clock.stage("decode"):
                     pixels, sizes = self.decoder(rows["data"], rows["file"])
-            images = [pixels[i, :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
             hw = np.asarray(sizes, dtype=np.float32)
             with clock.stage("labels"):  # parsed by Ray Data's tasks (stream_labels.py): one array, one copy
                 packed = self.upload(torch.from_numpy(label_batch(rows["labels"], hw)))
                 labels = Labels(packed[..., :4], packed[..., 4], packed[..., 5] > 0, None)
             hw = self.upload(torch.from_numpy(hw))
             ready = side.record_event() if side is not None else None
-        return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], images, hw, labels, pixels, ready)
+        return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], pixels, hw, labels, ready)
 
     def upload(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor to the device: through pinned memory (Torch's caching host allocator) without a wait."""
