@@ -1,9 +1,10 @@
 """What the stream's epoch start costs in Ray Data, apart from decoding and training: N rows (16 small files read
 over and over, bytes only) through the stream's pipeline on a local Ray of CPUS CPUs, each epoch's first batch and
-whole epoch timed. `one`: stream_pipeline.pipeline (the rows shuffled in one task, then cut into read blocks);
+whole epoch timed. `one`: stream_pipeline.pipeline (the rows shuffled in one task, then cut into read blocks), its
+blocks in the order they finish; `ordered`: the same in order (train.deterministic: Ray Data's preserve_order);
 `blocks`: the earlier pipeline (Ray Data's all-to-all shuffle of the read blocks themselves, two tasks a block).
 
-    python benchmarks/stream_epoch_start_probe.py 10000 --variants blocks,one [--cpus 2] [--out FILE]
+    python benchmarks/stream_epoch_start_probe.py 10000 --variants blocks,one,ordered [--cpus 2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def rows(n: int, root: Path) -> list[dict]:
 
 def dataset(variant: str, items: list[dict]) -> ray.data.Dataset:
     fs = Filesystem("local")
-    if variant == "one":
+    if variant in ("one", "ordered"):
         return stream_pipeline.pipeline(items, fs, 64, False, seed=0, batch=BATCH)
     blocks = max(1, min(len(items) // BATCH, stream_pipeline.MAX_BLOCKS))
     ds = ray.data.from_items(items, override_num_blocks=blocks)
@@ -45,7 +46,7 @@ def dataset(variant: str, items: list[dict]) -> ray.data.Dataset:
 
 def epochs(variant: str, items: list[dict], count: int) -> list[dict]:
     """Each epoch's seconds to its first batch and to its end, and whether it served every row once."""
-    shard = dataset(variant, items).streaming_split(1, equal=True)[0]
+    shard = stream_pipeline.split(dataset(variant, items), 1, ordered=variant == "ordered")[0]
     out = []
     for e in range(count):
         t, first, ids = time.perf_counter(), None, []

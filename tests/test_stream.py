@@ -453,8 +453,9 @@ def local_stream(
     ray.init(address=shared_ray.address, log_to_driver=False)
     try:
         ds = stream_pipeline.pipeline(rows, stream_source.Filesystem("local"), 96, ray_decodes, seed=0, batch=8)
+        shard = stream_pipeline.split(ds, 1, ordered=True)[0]
         yield files, stream_loader.StreamLoader(
-            ds.streaming_split(1, equal=True)[0], images=images, rows=images, batch_size=8, rank=0, world_size=1,
+            shard, images=images, rows=images, batch_size=8, rank=0, world_size=1,
             hyp=device_augment.AugmentHyp(), seed=0, device=torch.device("cpu"), imgsz=96, record_dir=tmp_path,
             **loader,
         )  # fmt: skip
@@ -504,6 +505,54 @@ def test_the_feed_reads_the_next_epoch_while_this_one_ends(scenes: Path, shared_
     for order in orders:
         assert sorted(order) == files, "each image once an epoch"
     assert len({tuple(o) for o in orders}) == len(orders)
+
+
+def _split_orders(rows: list[dict], epochs: int, ranks: int, seed: int, ordered: bool) -> list[list[list[int]]]:
+    """What each rank reads, batch by batch, in each epoch of one pipeline split across `ranks` workers as Ray Train
+    splits it (the launcher's ingest config), every rank's epoch read at once on threads of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ds = stream_pipeline.pipeline(rows, stream_source.Filesystem("local"), 96, False, seed=seed, batch=8)
+    shards = stream_pipeline.split(ds, ranks, ordered)
+
+    def epoch(shard: Any) -> list[int]:
+        return [i for b in shard.iter_batches(batch_size=8, batch_format="numpy") for i in b["id"].tolist()]
+
+    with ThreadPoolExecutor(ranks) as pool:
+        return [list(pool.map(epoch, shards)) for _ in range(epochs)]
+
+
+def test_a_seed_gives_each_rank_the_same_batches_in_the_same_order(
+    scenes: Path, shared_ray: SharedRay, tmp_path: Path
+) -> None:
+    """train.deterministic (the default): each of 2 ranks gets the same images in the same order, epoch by epoch, on
+    every execution of a seed's pipeline, even when a read task finishes last (its 8 images made 25 MB each); taken
+    as they finish, that task's batch moves (the control). Every epoch serves each image once over the ranks, and
+    each epoch has an order of its own."""
+    import ray
+
+    rows = []
+    for i, f in enumerate(sorted((scenes / "train" / "images").iterdir())[:96]):  # copies: some are made slow
+        image = tmp_path / "images" / f.name
+        image.parent.mkdir(exist_ok=True)
+        shutil.copy(f, image)
+        rows.append({"id": i, "image": str(image), "label": stream_source.label_path(str(f))})
+    shared_ray.env()
+    ray.init(address=shared_ray.address, log_to_driver=False)
+    try:
+        first = _split_orders(rows, epochs=2, ranks=2, seed=3, ordered=True)
+        for i in first[0][0][:8]:  # epoch 0's first read task: rank 0's first batch
+            with open(rows[i]["image"], "ab") as f:
+                f.write(bytes(25_000_000))
+        again = _split_orders(rows, epochs=2, ranks=2, seed=3, ordered=True)
+        as_they_finish = _split_orders(rows, epochs=2, ranks=2, seed=3, ordered=False)
+    finally:
+        ray.shutdown()
+    assert again == first
+    assert as_they_finish != first
+    for ranks in first:
+        assert sorted(ranks[0] + ranks[1]) == list(range(96)) and len(ranks[0]) == len(ranks[1]) == 48
+    assert first[0] != first[1]
 
 
 def test_bytes_decoded_on_the_rank_fill_the_ring_from_arrow_batches(
@@ -609,8 +658,8 @@ def test_streamed_run_learns(s3_run: Path) -> None:
     maps, recall = [h["mAP50"] for h in history], [h["recall"] for h in history]
     assert max(maps[-3:]) > max(maps[:3]) and max(recall[-3:]) > max(recall[:3]), (maps, recall)
     losses = [h["train/box_loss"] + h["train/cls_loss"] for h in history]
-    # a CI run on 2026-12-03 ended at 0.73 of epoch 1's loss (its best, epoch 7: 0.705); the stream's order is not
-    # deterministic (blocks arrive as read tasks finish), so the bar sits outside that run-to-run spread
+    # a CI run on 2026-12-03 ended at 0.73 of epoch 1's loss (its best, epoch 7: 0.705); the stream's order was not
+    # deterministic then (blocks arrived as read tasks finished), so the bar sits outside that run-to-run spread
     assert losses[-1] < 0.8 * losses[0] and losses[FAIL_AFTER_EPOCH] < losses[0], losses
     val_box = [h["val/box_loss"] for h in history]  # 5.05 -> 3.14 / 3.81 / 4.04 (the least of epochs 6-8)
     assert min(val_box[-3:]) < 0.85 * val_box[0], val_box
@@ -650,3 +699,27 @@ def test_every_image_once_per_epoch_and_the_records_say_what_the_failure_saw(s3_
     ranks = [json.loads((s3_run / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["ring_images"] for r in ranks] == [stream_loader.ring_size(126, 8)] * 2
     assert ranks[0]["param_sha256"] == ranks[1]["param_sha256"]
+
+
+def test_a_stream_run_repeats_itself_from_its_seed(scenes: Path, shared_ray: SharedRay, tmp_path: Path) -> None:
+    """Two runs of one config (2 workers, the stream from local files, the rank decoding): each rank serves the same
+    batches in the same order, and the runs end with the same losses and the same weights, as Ultralytics' own
+    deterministic training does (train.deterministic, the default). Here Ray Data has one CPU, so its read tasks
+    also finish in order without it: the test above makes them finish out of order."""
+    runs = []
+    for name in ("first", "again"):
+        proc = yolo_ray(
+            "train", str(Path(__file__).parents[1] / "experiments" / "smoke.yaml"), f"data.path={scenes / 'data.yaml'}",
+            "data.loader=stream", "data.stream_decode=worker", "train.imgsz=64", "train.epochs=2", "train.plots=false",
+            "scaling.cpus_per_worker=0.5", "tracking.enabled=false", f"run.storage_path={tmp_path}", f"run.name={name}",
+            cwd=tmp_path, env=shared_ray.env(),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        runs.append(tmp_path / name)
+    records = [[(r["rank"], r["epoch"], r["ids"]) for r in stream_loader.read_records(run)] for run in runs]
+    assert records[0] == records[1] and len(records[0]) == 2 * 2 * 16  # 2 epochs, 2 ranks, 16 batches of 8
+    losses = [[(h["train/box_loss"], h["train/cls_loss"]) for h in read_jsonl(run / "history.jsonl")] for run in runs]
+    assert losses[0] == losses[1]
+    final = [torch.load(run / "train" / "weights" / "last.pt", weights_only=False)["model"] for run in runs]
+    a, b = (m.state_dict() for m in final)  # the EMA weights, as final_eval keeps them
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -89,7 +89,9 @@ class TrainSection:
     cache: bool | Literal["ram", "disk"] = False
     workers: int = 2  # data loader processes per Ray worker
     seed: int = 0
-    deterministic: bool = True  # false: cuDNN autotunes and picks its fastest kernels (not bitwise repeatable)
+    # false: cuDNN autotunes and picks its fastest kernels, and the stream loader takes Ray Data's read blocks as they
+    # finish instead of in order (neither bitwise repeatable)
+    deterministic: bool = True
     close_mosaic: int = 10
     patience: int = 100
     val: bool = True

@@ -61,7 +61,8 @@ def pipeline(
     verbose: bool = False,
 ) -> Any:
     """The Ray Dataset the launcher hands TorchTrainer: rows shuffled anew each execution (epoch), then read, a
-    worker's batch (`batch` rows) a task, so a rank's batches arrive without being cut and joined again."""
+    worker's batch (`batch` rows) a task, so a rank's batches arrive without being cut and joined again; split
+    across the workers as `ingest_config` says."""
     import ray.data
     from ray.data import DataContext, RandomSeedConfig
 
@@ -88,6 +89,26 @@ def pipeline(
         num_cpus=1,
         batch_format="numpy",
     )
+
+
+def ingest_config(ordered: bool) -> Any:
+    """How Ray Train splits the Dataset across its workers (TorchTrainer's dataset_config): its default options, and
+    with `ordered` (train.deterministic) the read blocks in order, so each rank gets the same batches in the same
+    order on every run of a seed instead of the blocks as their tasks finish (the split then also ignores locality:
+    which rank gets which block depends only on the order). Ray Train takes these from here, not from the Dataset."""
+    import ray.train
+
+    options = ray.train.DataConfig.default_ingest_options()
+    options.preserve_order = ordered
+    return ray.train.DataConfig(execution_options=options)
+
+
+def split(ds: Any, ranks: int, ordered: bool) -> list[Any]:
+    """Each rank's shard of `ds` as Ray Train's workers get them (ingest_config's split, no locality hints)."""
+    shards = ingest_config(ordered).configure(
+        {"train": ds}, world_size=ranks, worker_handles=None, worker_node_ids=None
+    )
+    return [s["train"] for s in shards]
 
 
 @dataclass(frozen=True)

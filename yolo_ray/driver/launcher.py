@@ -273,7 +273,14 @@ def _torch_trainer(
         ),
         torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
         datasets=datasets,
+        dataset_config=_ingest_config(cfg) if datasets else None,
     )
+
+
+def _ingest_config(cfg: ExperimentConfig) -> Any:
+    from yolo_ray.data import stream_pipeline
+
+    return stream_pipeline.ingest_config(ordered=cfg.train.deterministic)
 
 
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the run's registered checkpoints
