@@ -24,6 +24,15 @@ TIMED_OUT = [
     '  File "python/ray/includes/common.pxi", line 107, in ray._raylet.check_status',
     "ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready.",
 ]
+# As Ray Data's prefetcher thread logs in a Train worker whose group is torn down after another rank failed
+PREFETCH_HINT = [
+    "Error in prefetcher thread.",
+    "Traceback (most recent call last):",
+    '  File ".../ray/data/_internal/block_batching/util.py", line 513, in _run',
+    "    ray.wait(",
+    '  File "python/ray/includes/common.pxi", line 117, in ray._raylet.check_status',
+    "OSError: Broken pipe",
+]
 OTHER_FAILURE = [
     "Traceback (most recent call last):",
     '  File "worker.py", line 3, in train',
@@ -41,6 +50,15 @@ def test_a_traceback_right_after_the_ignored_one_is_kept() -> None:
     """The ignored block ends at its `ray.exceptions.` line: a failure that follows at once is still printed."""
     assert without_noise([*TIMED_OUT, *OTHER_FAILURE]) == OTHER_FAILURE
     assert without_noise([*TIMED_OUT, *TIMED_OUT]) == []
+
+
+def test_a_failed_prefetch_hint_goes_and_what_follows_stays() -> None:
+    """Ray Data's prefetcher logs what fails and carries on (its blocks are still read by the iterator): its block
+    goes, closing exception line included; an epoch line and another failure after it stay."""
+    assert without_noise([*PREFETCH_HINT, "[yolo_ray] resuming", *OTHER_FAILURE]) == [
+        "[yolo_ray] resuming",
+        *OTHER_FAILURE,
+    ]
 
 
 def test_ray_noise_lines_go() -> None:

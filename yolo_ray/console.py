@@ -9,6 +9,7 @@ driver twice. Writing to the stream directly sends it once, through Ray's log fo
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from typing import Any
 
@@ -28,13 +29,17 @@ RAY_NOISE = (
     "Registered dataset logger for dataset",
     "Starting execution of Dataset",
 )
-# Tracebacks Ray logs for what it calls safe to ignore, by their first line: the line, the traceback below it and its
-# closing `ray.exceptions...` line are dropped (verbose keeps them).
+# Tracebacks Ray logs for what is safe to ignore, by their first line: the line, the traceback below it and its
+# closing exception line are dropped (verbose keeps them).
 RAY_NOISE_TRACEBACKS = (
     # Ray Train 2.60's controller sends its autoscaling coordinator a resource request every few seconds, for a
     # fixed-size group too; on a loaded host the request times out and it logs the traceback ("safe to ignore")
     "Failed to send resource request for train-",
+    # Ray Data's prefetcher thread only hints which blocks to fetch and logs what fails instead of raising it; a
+    # worker of a group being torn down (another rank failed, data.loader=stream) logs `OSError: Broken pipe` there
+    "Error in prefetcher thread.",
 )
+EXCEPTION_LINE = re.compile(r"^(ray\.exceptions\.|[A-Za-z_][\w.]*(Error|Exception)\b)")  # a traceback's last line
 
 
 # the driver's line when rank 0's training loop starts (after Ray, the worker group, model and data): start-up ends
@@ -81,14 +86,14 @@ def _forward(data: dict[str, Any], printer: Any, verbose: bool) -> None:
 
 def without_noise(lines: list[str]) -> list[str]:
     """Forwarded lines less RAY_NOISE's, and less each RAY_NOISE_TRACEBACKS block (its line, the traceback's lines,
-    which start with `Traceback` or a space, and the `ray.exceptions.` line that ends it)."""
+    which start with `Traceback` or a space, and the exception line that ends it)."""
     out, in_block = [], False
     for line in lines:
         if in_block:
             if line.startswith(("Traceback", " ")):
                 continue
             in_block = False
-            if line.startswith("ray.exceptions."):
+            if EXCEPTION_LINE.match(line):
                 continue
         if any(noise in line for noise in RAY_NOISE_TRACEBACKS):
             in_block = True
