@@ -243,6 +243,7 @@ def _torch_trainer(
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from yolo_ray.data import stream_pipeline
     from yolo_ray.worker.loop import train_loop_per_worker
 
     resources = {"CPU": scaling.cpus_per_worker, **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
@@ -273,14 +274,8 @@ def _torch_trainer(
         ),
         torch_config=TorchConfig(backend="nccl" if scaling.use_gpu else "gloo"),
         datasets=datasets,
-        dataset_config=_ingest_config(cfg) if datasets else None,
+        dataset_config=stream_pipeline.ingest_config(ordered=cfg.train.deterministic) if datasets else None,
     )
-
-
-def _ingest_config(cfg: ExperimentConfig) -> Any:
-    from yolo_ray.data import stream_pipeline
-
-    return stream_pipeline.ingest_config(ordered=cfg.train.deterministic)
 
 
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the run's registered checkpoints
