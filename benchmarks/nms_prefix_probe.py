@@ -12,11 +12,15 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from yolo_ray.worker import batched_val
+
+T = TypeVar("T")
 
 
 def young_output(images: int, classes: int, device: torch.device, seed: int = 0) -> torch.Tensor:
@@ -29,19 +33,25 @@ def young_output(images: int, classes: int, device: torch.device, seed: int = 0)
     return out.half() if device.type == "cuda" else out  # fp16 on a GPU, as a training-mode validation gives it
 
 
-def timed(prediction: torch.Tensor, prefix: int, repeats: int) -> tuple[list[float], batched_val.Detections]:
-    batched_val.NMS_PREFIX = prefix
-    seconds, det = [], None
+def repeat_timed(fn: Callable[[], T], repeats: int, cuda: bool) -> tuple[list[float], T]:
+    """fn's seconds, the device synchronized, repeats times after a warm-up; and its last result."""
+    seconds, out = [], None
     for _ in range(repeats + 1):  # the first is a warm-up
-        if prediction.is_cuda:
+        if cuda:
             torch.cuda.synchronize()
         started = time.perf_counter()
-        det = batched_val.batched_nms(prediction, 0.001, 0.7, max_det=300)
-        if prediction.is_cuda:
+        out = fn()
+        if cuda:
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - started)
-    assert det is not None
-    return seconds[1:], det
+    assert out is not None
+    return seconds[1:], out
+
+
+def timed(prediction: torch.Tensor, prefix: int, repeats: int) -> tuple[list[float], batched_val.Detections]:
+    batched_val.NMS_PREFIX = prefix
+    return repeat_timed(lambda: batched_val.batched_nms(prediction, 0.001, 0.7, max_det=300), repeats,
+                        prediction.is_cuda)  # fmt: skip
 
 
 def main() -> None:

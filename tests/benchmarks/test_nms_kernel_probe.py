@@ -1,0 +1,53 @@
+"""benchmarks/nms_kernel_probe.py on the CPU (its Triton kernel in the interpreter): greedy NMS with one program per
+image keeps what torchvision keeps of each image, on boxes crowded enough that most are suppressed, with an empty
+image and padded rows; the probe itself finds no image that differs from the batched validator's calls."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torchvision
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from nms_kernel_probe import greedy_nms_per_image, torchvision_keep  # noqa: E402
+
+
+def _crowded(counts: list[int], k: int, seed: int = 0) -> torch.Tensor:
+    """[len(counts), k, 4] xyxy: each image's boxes jittered around 4 centres, two classes apart (as class offsets)."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.zeros(len(counts), k, 4)
+    for b, n in enumerate(counts):
+        centre = torch.rand(4, 2, generator=g)[torch.randint(0, 4, (n,), generator=g)] * 200 + 50
+        half = 15 + torch.rand(n, 2, generator=g) * 5
+        xy = centre + torch.randn(n, 2, generator=g) * 3
+        cls = torch.randint(0, 2, (n, 1), generator=g).float() * 7680  # Ultralytics' per-class offset
+        out[b, :n] = torch.cat([xy - half, xy + half], 1) + cls
+    return out
+
+
+def test_one_program_per_image_keeps_what_torchvision_keeps() -> None:
+    counts = [60, 0, 41, 64]
+    boxes, n = _crowded(counts, 64), torch.tensor(counts)
+    for iou in (0.45, 0.7):
+        got = greedy_nms_per_image(boxes, n, iou)
+        for b, c in enumerate(counts):  # torchvision on each image alone, in the given order (descending scores)
+            want = torch.zeros(64, dtype=torch.bool)
+            want[torchvision.ops.nms(boxes[b, :c], -torch.arange(c, dtype=torch.float32), iou)] = True
+            assert torch.equal(got[b], want), (iou, b)
+        assert torch.equal(got, torchvision_keep(boxes, n, iou))  # and what the batched validator's calls keep
+        kept = got.sum(1)
+        assert 1 < int(kept[0]) < counts[0] // 2 and int(kept[1]) == 0  # crowded: most boxes go; empty: none
+
+
+def test_the_probe_finds_no_image_that_differs(tmp_path: Path) -> None:
+    out = tmp_path / "probe.json"
+    args = ["benchmarks/nms_kernel_probe.py", "--images", "2", "--k", "128", "--repeats", "1", "--out", str(out)]
+    subprocess.run([sys.executable, *args], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    got = json.loads(out.read_text())
+    assert got["images_differing"] == 0 and got["boxes_per_image"] == 128 and len(got["kernel_s"]) == 1
