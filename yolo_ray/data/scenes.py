@@ -24,6 +24,8 @@ from typing import Any
 import cv2
 import numpy as np
 
+from yolo_ray.data.shape_drawing import SHAPES
+
 # (w, h) at imgsz 640: the mix of a real collection (phone, webcam, HD, portrait)
 SIZES_640 = ((320, 240), (480, 360), (640, 480), (800, 600), (1024, 768), (1280, 720), (960, 540), (480, 640),
              (720, 1280))  # fmt: skip
@@ -124,8 +126,6 @@ def _paint(
 
 def _clutter(rng: np.random.Generator, img: np.ndarray, ids: np.ndarray | None, classes: int, short: int) -> None:
     """Things that are not objects: other shapes, blobs, ellipses, lines, text. With ids, they occlude objects."""
-    from yolo_ray.data.synth import SHAPES
-
     h, w = img.shape[:2]
     colour = rng.integers(0, 256, 3).astype(np.float32)
     kind = int(rng.integers(5 if classes < len(SHAPES) else 4))
@@ -166,8 +166,6 @@ def make_scene(
     index: int, split_seed: int, seed: int, imgsz: int, classes: int, max_objects: int
 ) -> tuple[np.ndarray, list[Label]]:
     """One scene (uint8 HxWx3 BGR, or HxW when grey) and its YOLO labels; deterministic in (seed, split, index)."""
-    from yolo_ray.data.synth import SHAPES
-
     rng = np.random.default_rng([seed, split_seed, index, 20])
     w, h = image_size(rng, imgsz)
     short = min(w, h)

@@ -18,17 +18,16 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from yolo_ray.data import synth
+from yolo_ray.data import shape_drawing
+from yolo_ray.data.shape_drawing import QUADS
+from yolo_ray.data.synth_spec import SynthSpec
 
-POLYGON_SHAPES = synth.SHAPES[:7]  # a ring's hole has no polygon
-QUADS = ("square", "rectangle", "trapezoid")
 KPT_SHAPE = [4, 3]  # four corners, (x, y, visible)
 FLIP_IDX = [1, 0, 3, 2]
-MAX_CLASSES = {"segment": len(POLYGON_SHAPES), "obb": len(POLYGON_SHAPES), "pose": len(QUADS), "classify": 8}
 
 
 def class_names(task: str, classes: int) -> dict[int, str]:
-    return {i: (QUADS if task == "pose" else synth.SHAPES)[i] for i in range(classes)}
+    return {i: (QUADS if task == "pose" else shape_drawing.SHAPES)[i] for i in range(classes)}
 
 
 def outline(shape: str, cx: float, cy: float, r: float, angle: float = 0.0, aspect: float = 1.0) -> np.ndarray:
@@ -43,8 +42,8 @@ def outline(shape: str, cx: float, cy: float, r: float, angle: float = 0.0, aspe
             (1, 0.33), (0.33, 0.33), (0.33, 1), (-0.33, 1), (-0.33, 0.33), (-1, 0.33),
         ],
     }.get(shape)  # fmt: skip
-    if unit is None:  # the regular polygons and the star of synth.py
-        unit = synth.polygon_points(0.0, 0.0, 1.0, *synth.POLYGONS[shape])
+    if unit is None:  # the regular polygons and the star of shape_drawing.py
+        unit = shape_drawing.polygon_points(0.0, 0.0, 1.0, *shape_drawing.POLYGONS[shape])
     pts = np.asarray(unit, np.float64) * r
     pts[:, 0] *= aspect
     c, s = math.cos(angle), math.sin(angle)
@@ -72,11 +71,11 @@ def _norm(pts: np.ndarray, size: int) -> str:
     return " ".join(f"{min(max(v / size, 0.0), 1.0):.6f}" for v in pts.reshape(-1))
 
 
-def make_image(spec: synth.SynthSpec, index: int, split_seed: int) -> tuple[np.ndarray, list[str]]:
+def make_image(spec: SynthSpec, index: int, split_seed: int) -> tuple[np.ndarray, list[str]]:
     """One image of a detection-style task (segment, obb, pose) and its label rows."""
     rng = np.random.default_rng([spec.seed, split_seed, index])
     size = spec.imgsz
-    img = synth._background(rng, size)
+    img = shape_drawing.background(rng, size)
     rows: list[str] = []
     placed: list[tuple[float, float, float]] = []
     for _ in range(int(rng.integers(1, spec.objects_limit + 1))):
@@ -89,7 +88,7 @@ def make_image(spec: synth.SynthSpec, index: int, split_seed: int) -> tuple[np.n
             r /= aspect**0.5  # the same area as the other tasks' shapes
         else:  # pose
             angle, aspect = float(rng.uniform(-math.pi / 6, math.pi / 6)), 1.0
-        shape = (QUADS if spec.task == "pose" else synth.SHAPES)[cls]
+        shape = (QUADS if spec.task == "pose" else shape_drawing.SHAPES)[cls]
         pts = outline(shape, 0.0, 0.0, r, angle, aspect)
         centre = _place(rng, size, float(np.hypot(*pts.T).max()) * 1.05, placed)
         if centre is None:
@@ -108,7 +107,7 @@ def make_image(spec: synth.SynthSpec, index: int, split_seed: int) -> tuple[np.n
     return img, rows
 
 
-def make_classify_image(spec: synth.SynthSpec, index: int, split_seed: int) -> tuple[np.ndarray, int]:
+def make_classify_image(spec: SynthSpec, index: int, split_seed: int) -> tuple[np.ndarray, int]:
     """One large shape near the middle, at any angle, on a smooth background (Ultralytics' classification
     augmentation, RandAugment and random erasing, is heavy: on synth.py's striped backgrounds YOLO11n-cls stayed at
     chance for 10 epochs, native as much as yolo_ray); and its class."""
@@ -119,17 +118,17 @@ def make_classify_image(spec: synth.SynthSpec, index: int, split_seed: int) -> t
     cls = int(rng.integers(0, spec.classes))
     r = float(rng.uniform(0.28, 0.4) * size)
     cx, cy = (float(v) for v in rng.uniform(r + 1, size - r - 1, 2))
-    if synth.SHAPES[cls] == "ring":
+    if shape_drawing.SHAPES[cls] == "ring":
         colour = tuple(int(c) for c in rng.integers(0, 256, 3))
         cv2.circle(img, (round(cx), round(cy)), round(r), colour, max(2, round(r / 3)), cv2.LINE_AA)
     else:
         colour = tuple(int(c) for c in rng.choice([rng.integers(0, 50, 3), rng.integers(190, 256, 3)]))
-        pts = outline(synth.SHAPES[cls], cx, cy, r, float(rng.uniform(0, 2 * math.pi)))
+        pts = outline(shape_drawing.SHAPES[cls], cx, cy, r, float(rng.uniform(0, 2 * math.pi)))
         cv2.fillPoly(img, [np.round(pts).astype(np.int32)], colour, cv2.LINE_AA)  # dark or light: never the background
     return img, cls
 
 
-def write_classify(root: Path, spec: synth.SynthSpec, split_seed: int, start: int, stop: int) -> None:
+def write_classify(root: Path, spec: SynthSpec, split_seed: int, start: int, stop: int) -> None:
     names = class_names("classify", spec.classes)
     for i in range(start, stop):
         img, cls = make_classify_image(spec, i, split_seed)
