@@ -15,6 +15,7 @@ TASK_MAX_CLASSES = {"segment": len(POLYGON_SHAPES), "obb": len(POLYGON_SHAPES), 
 
 
 def background(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A square of smooth colour noise crossed by stripes: edges that are not objects."""
     cells = int(rng.integers(3, 9))
     noise = rng.integers(40, 216, size=(cells, cells, 3), dtype=np.uint8)
     img = cv2.resize(noise, (size, size), interpolation=cv2.INTER_CUBIC)
@@ -45,7 +46,7 @@ def polygon_points(cx: float, cy: float, r: float, n: int, phase: float, inner: 
     return np.array(pts)
 
 
-def polygon(cx: float, cy: float, r: float, n: int, phase: float, inner: float | None = None) -> np.ndarray:
+def _polygon(cx: float, cy: float, r: float, n: int, phase: float, inner: float | None = None) -> np.ndarray:
     return np.round(polygon_points(cx, cy, r, n, phase, inner)).astype(np.int32)
 
 
@@ -62,13 +63,13 @@ def draw(img: np.ndarray, shape: str, cx: float, cy: float, r: float, colour: tu
         cv2.rectangle(img, (c[0] - ri, c[1] - w), (c[0] + ri, c[1] + w), colour, -1)
         cv2.rectangle(img, (c[0] - w, c[1] - ri), (c[0] + w, c[1] + ri), colour, -1)
     else:
-        cv2.fillPoly(img, [polygon(cx, cy, r, *POLYGONS[shape])], colour, cv2.LINE_AA)
+        cv2.fillPoly(img, [_polygon(cx, cy, r, *POLYGONS[shape])], colour, cv2.LINE_AA)
 
 
 def tight_box(shape: str, cx: float, cy: float, r: float) -> tuple[float, float, float, float]:
     """Tight box (x1, y1, x2, y2) of a drawn shape."""
     if shape in ("triangle", "star"):
         n, inner = (3, None) if shape == "triangle" else (5, 0.45)
-        pts = polygon(cx, cy, r, n, -math.pi / 2, inner)
+        pts = _polygon(cx, cy, r, n, -math.pi / 2, inner)
         return float(pts[:, 0].min()), float(pts[:, 1].min()), float(pts[:, 0].max()), float(pts[:, 1].max())
     return cx - r, cy - r, cx + r, cy + r
