@@ -68,8 +68,7 @@ def draw(img: np.ndarray, shape: str, cx: float, cy: float, r: float, colour: tu
 
 def tight_box(shape: str, cx: float, cy: float, r: float) -> tuple[float, float, float, float]:
     """Tight box (x1, y1, x2, y2) of a drawn shape."""
-    if shape in ("triangle", "star"):
-        n, inner = (3, None) if shape == "triangle" else (5, 0.45)
-        pts = _polygon(cx, cy, r, n, -math.pi / 2, inner)
+    if shape in ("triangle", "star"):  # pointed up: narrower than their circle
+        pts = _polygon(cx, cy, r, *POLYGONS[shape])
         return float(pts[:, 0].min()), float(pts[:, 1].min()), float(pts[:, 0].max()), float(pts[:, 1].max())
     return cx - r, cy - r, cx + r, cy + r
