@@ -333,7 +333,7 @@ class Rerun:
 
 @pytest.fixture(scope="session")
 def rerun_after_failure(
-    shapes_small: Path, mlflow_server: MlflowServer, tmp_path_factory: pytest.TempPathFactory
+    shapes_small: Path, mlflow_server: MlflowServer, shared_ray: SharedRay, tmp_path_factory: pytest.TempPathFactory
 ) -> Rerun:
     """run.max_failures=0 and a fault after epoch 3: the run fails; the same command resumes it (driver-level
     resume). Logged to MLflow and registered under MODEL_NAME: a barely trained version of the learn run's model
@@ -361,7 +361,7 @@ def rerun_after_failure(
     os.link(run_dir / "train" / "weights" / "last.pt", stale / "last.pt")
     # a resume with a longer schedule would train to the old one without a word: refused before Ray starts
     longer = yolo_ray("train", *args, f"train.epochs={RERUN_EPOCHS + 3}", cwd=storage)
-    resumed = yolo_ray("train", *args, cwd=storage)
+    resumed = yolo_ray("train", *args, cwd=storage, env=shared_ray.env())  # the rerun may find another Ray
     return Rerun(run_dir, failed, failed_summary, failed_epochs, resumed, longer)
 
 
@@ -400,6 +400,11 @@ def two_node_cluster() -> Iterator[str]:
         _teardown()
 
 
+# The GCS declares a node dead after this many failed health checks this far apart (Ray's defaults: 5, 3 s): a killed
+# node's raylet refuses the checks at once, so the tests' clusters learn of a lost node in ~2 s instead of ~15 s.
+FAST_NODE_DEATH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4"}
+
+
 def start_head(**env: str) -> None:
     """The head node (1 CPU, dashboard and Jobs API) in this namespace, and the second namespace ready for a node;
     env: more variables for its processes (Ray Train's controller runs there)."""
@@ -425,7 +430,7 @@ def start_head(**env: str) -> None:
         "--include-dashboard=true",
         f"--dashboard-host={HEAD_IP}",
         "--disable-usage-stats",
-        env={**NODE_ENV, "GLOO_SOCKET_IFNAME": HEAD_IF, **env},
+        env={**NODE_ENV, "GLOO_SOCKET_IFNAME": HEAD_IF, **FAST_NODE_DEATH, **env},
     )
 
 

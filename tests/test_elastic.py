@@ -1,5 +1,5 @@
 """Elastic training and preemption on a real 2-node Ray cluster (two Linux network namespaces, 1 CPU each):
-`scaling.num_workers: [1, 2]` grows when a node joins, shrinks when one is lost, and a preempted (drained) node costs
+`scaling.num_workers: [1, 2]` shrinks when a node is lost and grows when one joins, and a preempted (drained) node costs
 the epoch in flight, counted against the preemption budget, not run.max_failures. Each epoch's line records the
 group's size and its split of the global batch; the images per optimizer step stay the same at every size."""
 
@@ -32,11 +32,10 @@ from conftest import (
 from yolo_ray import batch_plan
 
 START_TIMEOUT_S = 15
-# On the small set, 2.5 s an epoch on the two 1-CPU nodes. A lost node stops the group until Ray declares it dead, so
-# the shrink needs few epochs after it; a drained one trains on until its deadline (~3 epochs), and then some.
-# the preempted run must still be training when the node goes, 8 s after the notice: a CI machine once trained
-# shapes_small at 0.8 s an epoch and finished 10 epochs at the deadline
-EPOCHS, PREEMPT_EPOCHS = 6, 20
+# A drained node trains on until its deadline (~3 epochs), and then some: the preempted run must still be training
+# when the node goes, 8 s after the notice (a CI machine once trained shapes_small at 0.8 s an epoch and finished 10
+# epochs at the deadline)
+PREEMPT_EPOCHS = 20
 
 
 @pytest.fixture
@@ -51,12 +50,13 @@ def head_only() -> Iterator[str]:
         _teardown()
 
 
-def _elastic_run(data: Path, tmp_path: Path, address: str, name: str, *extra: str) -> tuple[list[str], Path]:
+def _elastic_run(data: Path, tmp_path: Path, address: str, name: str, epochs: int, *extra: str
+                 ) -> tuple[list[str], Path]:  # fmt: skip
     args = small_run(
         data,
         tmp_path,
         name,
-        f"train.epochs={EPOCHS}",  # (extra may set its own)
+        f"train.epochs={epochs}",
         f"run.ray_address={address}",
         "scaling.num_workers=[1,2]",
         "scaling.elastic_resize_interval_s=2",
@@ -82,7 +82,7 @@ def _wait_epochs(history: Path, n: int, driver: subprocess.Popen, timeout: float
     raise TimeoutError(history)
 
 
-def _finished(driver: subprocess.Popen, tmp_path: Path, run_dir: Path, epochs: int = EPOCHS) -> list[dict]:
+def _finished(driver: subprocess.Popen, tmp_path: Path, run_dir: Path, epochs: int) -> list[dict]:
     try:
         driver.wait(timeout=900)
     finally:
@@ -97,42 +97,39 @@ def _finished(driver: subprocess.Popen, tmp_path: Path, run_dir: Path, epochs: i
     return rows
 
 
-GROW_EPOCHS = 10  # on the 384-image shapes set: mAP50 0.4-0.6 by epoch 10 (0.73 at 14, the test's earlier length)
+ELASTIC_EPOCHS = 10  # on the 384-image shapes set: mAP50 0.4-0.6 by epoch 10 (0.73 at 14)
 
 
-def test_the_group_grows_when_a_node_joins(head_only: str, shapes: Path, tmp_path: Path) -> None:
-    """Started where one worker fits, the run trains on one; a node joins after epoch 2 and the group restarts on
-    two from the newest checkpoint: every epoch once, the same images per optimizer step, one model, mAP rising."""
-    args, run_dir = _elastic_run(shapes, tmp_path, head_only, "grow", f"train.epochs={GROW_EPOCHS}")
+def test_the_group_shrinks_when_a_node_is_lost_and_grows_when_one_joins(
+    head_only: str, shapes: Path, tmp_path: Path
+) -> None:
+    """Started on two nodes, the run loses one after epoch 2 (no replacement: it goes on with the head's worker from
+    its newest checkpoint), then a node joins (an autoscaler's node, a spot node coming back) and the group restarts
+    on two from the newest checkpoint: every epoch once, the same images per optimizer step, one model, mAP rising."""
+    start_node()
+    args, run_dir = _elastic_run(shapes, tmp_path, head_only, "elastic", ELASTIC_EPOCHS, "run.max_failures=2")
     args = [a for a in args if not a.startswith(("data.synthetic", "train.imgsz"))]  # the shapes set's own spec
     driver = _start(args, tmp_path)
-    _wait_epochs(run_dir / "history.jsonl", 2, driver)
-    start_node()  # capacity for the second worker appears (an autoscaler's node, a spot node coming back)
-    rows = _finished(driver, tmp_path, run_dir, GROW_EPOCHS)
+    history = run_dir / "history.jsonl"
+    killed_at = _wait_epochs(history, 2, driver)
+    assert kill_node() > 0
+    while not [r for r in read_jsonl(history) if r["world_size"] == 1]:  # the group goes on with the head's worker
+        assert driver.poll() is None, "the run ended early"
+        time.sleep(0.3)
+    start_node()
+    rows = _finished(driver, tmp_path, run_dir, ELASTIC_EPOCHS)
     sizes = [r["world_size"] for r in rows]
-    assert sizes[0] == 1 and sizes[-1] == 2 and sizes == sorted(sizes), sizes
-    grown = next(r for r in rows if r["world_size"] == 2)
-    assert grown["resumed_from_epoch"] == grown["epoch"] - 1  # the group restarted from the newest checkpoint
-    assert [(r["per_worker_batch"], r["world_size"]) for r in (rows[0], rows[-1])] == [(8, 1), (8, 2)]
+    shrunk = sizes.index(1)
+    grown = shrunk + sizes[shrunk:].index(2)
+    assert set(sizes[:shrunk]) == {2} and set(sizes[shrunk:grown]) == {1} and set(sizes[grown:]) == {2}, sizes
+    assert rows[shrunk]["resumed_from_epoch"] in (killed_at, killed_at + 1)  # nothing lost before the last checkpoint
+    assert rows[grown]["resumed_from_epoch"] == rows[grown]["epoch"] - 1  # restarted from the newest checkpoint
+    assert [(r["per_worker_batch"], r["world_size"]) for r in (rows[shrunk], rows[-1])] == [(8, 1), (8, 2)]
     ranks = [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
     assert len(ranks) == 2 and ranks[0]["param_sha256"] == ranks[1]["param_sha256"]  # one model on both nodes
     assert max(r["mAP50"] for r in rows[-3:]) > max(r["mAP50"] for r in rows[:3]) + 0.2, [r["mAP50"] for r in rows]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_sizes"] == sizes and summary["status"] == "finished"
-
-
-def test_the_group_shrinks_when_a_node_is_lost(head_only: str, shapes_small: Path, tmp_path: Path) -> None:
-    start_node()
-    args, run_dir = _elastic_run(shapes_small, tmp_path, head_only, "shrink", "run.max_failures=2")
-    driver = _start(args, tmp_path)
-    _wait_epochs(run_dir / "history.jsonl", 2, driver)
-    assert kill_node() > 0  # no replacement comes: the group goes on with the head's worker
-    killed_at = max(r["epoch"] for r in read_jsonl(run_dir / "history.jsonl"))
-    rows = _finished(driver, tmp_path, run_dir)
-    sizes = [r["world_size"] for r in rows]
-    assert sizes[0] == 2 and sizes[-1] == 1, sizes
-    shrunk = next(r for r in rows if r["world_size"] == 1)
-    assert shrunk["resumed_from_epoch"] in (killed_at, killed_at + 1)  # nothing lost before the last checkpoint
 
 
 def test_a_preempted_node_costs_the_epoch_in_flight_not_a_failure(
@@ -143,9 +140,7 @@ def test_a_preempted_node_costs_the_epoch_in_flight_not_a_failure(
     epoch checkpoint; with run.max_failures=0 the run still goes on (the preemption budget is another). Lost: the
     epoch in flight (the time from that checkpoint to the deadline, reported)."""
     start_node()
-    args, run_dir = _elastic_run(
-        shapes_small, tmp_path, head_only, "preempt", "run.max_failures=0", f"train.epochs={PREEMPT_EPOCHS}"
-    )
+    args, run_dir = _elastic_run(shapes_small, tmp_path, head_only, "preempt", PREEMPT_EPOCHS, "run.max_failures=0")
     driver = _start(args, tmp_path)
     history = run_dir / "history.jsonl"
     _wait_epochs(history, 2, driver)
