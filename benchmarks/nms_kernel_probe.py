@@ -2,16 +2,12 @@
 image of a batch at once, against what the batched validator does now (worker/batched_val.py: each image's top
 NMS_PREFIX boxes, images side by side in torchvision calls of up to NMS_BOXES boxes).
 
-Why: beside training, NMS took 1.0-2.2 ms an image against 0.26 for the forward pass
-(benchmarks/results/2026-12-06-h100-val-thread-stream-priority-and-cpu-forward.json). torchvision's CUDA NMS builds a
-mask quadratic in a call's boxes (16 images' 2048 boxes: 32,768) and reduces it in one thread block, one box after
-another: a batch of 64 images is ~131,000 boxes in turn on one SM. Here each image's loop runs in a program of its
-own, over its own 2048 boxes, all images in parallel. Not used by the validator until this probe has timed it on a
-GPU and found the same detections.
+The kernel is worker/nms_kernel.py (why it is faster: its docstring).
 
 Checks that both keep the same boxes of every image (the kernel walks the boxes in the order given, so torchvision is
-given that order), then times each, the device synchronized. On a CPU the kernel runs in Triton's interpreter (slow:
-for the tests, not for figures).
+given that order), then times each, the device synchronized; then the validator's whole NMS (batched_nms) with its
+rounds in torchvision and in the kernel: the same detections, and each one's time. On a CPU the kernel runs in
+Triton's interpreter (slow: for the tests, not for figures).
 
     python benchmarks/nms_kernel_probe.py [--images 64] [--classes 5] [--repeats 3] [--out FILE]
 """
@@ -19,74 +15,18 @@ for the tests, not for figures).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nms_prefix_probe import repeat_timed, young_output  # noqa: E402  (young_output: the most boxes NMS sees)
 
 from yolo_ray.worker import batched_val  # noqa: E402
-
-
-def _greedy_per_image(boxes_ptr: Any, counts_ptr: Any, removed_ptr: Any, k: Any, iou_thres: Any,
-                      BLOCK: tl.constexpr):  # fmt: skip
-    """Program b: image b's first counts[b] boxes of boxes[b] (xyxy, in the order to walk them, most confident first):
-    a box is kept unless a kept box before it overlaps it by more than iou_thres (torchvision's IoU and test).
-    removed[b] (zeros in, int8) ends 1 where a box is not kept; it is also where the loop reads whether box i still
-    stands (a load, not a reduction over the block), so each update is stored and the block synchronized."""
-    b = tl.program_id(0)
-    n = tl.load(counts_ptr + b)
-    offs = tl.arange(0, BLOCK)
-    live = offs < n
-    row = boxes_ptr + b * k * 4 + offs * 4
-    x1 = tl.load(row, mask=live, other=0.0)
-    y1 = tl.load(row + 1, mask=live, other=0.0)
-    x2 = tl.load(row + 2, mask=live, other=0.0)
-    y2 = tl.load(row + 3, mask=live, other=0.0)
-    area = (x2 - x1) * (y2 - y1)
-    flags = removed_ptr + b * k + offs
-    removed = (offs < 0).to(tl.int8)  # zeros (tl.zeros is not in the interpreter)
-    for i in range(0, n):
-        if tl.load(removed_ptr + b * k + i) == 0:  # box i is kept: it removes what it overlaps after it
-            box = boxes_ptr + (b * k + i) * 4
-            bx1, by1, bx2, by2 = tl.load(box), tl.load(box + 1), tl.load(box + 2), tl.load(box + 3)
-            w = tl.maximum(tl.minimum(x2, bx2) - tl.maximum(x1, bx1), 0.0)
-            h = tl.maximum(tl.minimum(y2, by2) - tl.maximum(y1, by1), 0.0)
-            inter = w * h
-            iou = inter / ((bx2 - bx1) * (by2 - by1) + area - inter)
-            removed = removed | ((iou > iou_thres) & (offs > i)).to(tl.int8)
-            tl.store(flags, removed, mask=live)
-            tl.debug_barrier()
-
-
-@functools.cache
-def _kernel(interpret: bool) -> Any:
-    if interpret:  # CPU tensors: Triton's interpreter (tests)
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(_greedy_per_image)
-    return triton.jit(_greedy_per_image)
-
-
-def greedy_nms_per_image(boxes: torch.Tensor, counts: torch.Tensor, iou_thres: float) -> torch.Tensor:
-    """boxes [B, K, 4] float32 xyxy, each image's rows in walking order; counts [B]: its valid rows. -> keep [B, K]."""
-    n_images, k, _ = boxes.shape
-    removed = torch.zeros(n_images, k, dtype=torch.int8, device=boxes.device)
-    if n_images and k:
-        block = triton.next_power_of_2(k)
-        _kernel(not boxes.is_cuda)[(n_images,)](
-            boxes.float().contiguous(), counts.to(torch.int32).contiguous(), removed, k, iou_thres, BLOCK=block,
-            num_warps=8 if block >= 1024 else 4,
-        )  # fmt: skip
-    return (removed == 0) & (torch.arange(k, device=boxes.device)[None] < counts[:, None])
+from yolo_ray.worker.nms_kernel import greedy_nms_per_image  # noqa: E402
 
 
 def top_boxes(prediction: torch.Tensor, conf: float, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,6 +81,15 @@ def main() -> None:
     tv_s, tv = repeat_timed(lambda: torchvision_keep(boxes, counts, a.iou), a.repeats, cuda)
     kernel_s, kernel = repeat_timed(lambda: greedy_nms_per_image(boxes, counts, a.iou), a.repeats, cuda)
     differing = int((tv != kernel).any(1).sum())
+    prediction = young_output(a.images, a.classes, device)
+    nms = {}  # the validator's whole NMS (batched_val.batched_nms), its rounds in torchvision or in the kernel
+    for name, devices in (("torchvision", ()), ("kernel", (device.type,))):
+        batched_val.KERNEL_DEVICES = devices
+        nms[name] = repeat_timed(lambda: batched_val.batched_nms(prediction, 0.001, a.iou, max_det=300), a.repeats,
+                                 cuda)  # fmt: skip
+    (tv_nms_s, want), (kernel_nms_s, got) = nms["torchvision"], nms["kernel"]
+    same = got.counts == want.counts and all(torch.equal(x, y) for x, y in zip(
+        (got.boxes, got.conf, got.cls), (want.boxes, want.conf, want.cls), strict=True))  # fmt: skip
     out = {
         "what": "greedy NMS, one Triton program per image, against torchvision calls of images side by side",
         "device": torch.cuda.get_device_name(0) if cuda else "cpu (Triton's interpreter)",
@@ -148,6 +97,10 @@ def main() -> None:
         "images_differing": differing,
         "torchvision_s": [round(s, 5) for s in tv_s], "kernel_s": [round(s, 5) for s in kernel_s],
         "speedup": round(statistics.median(tv_s) / statistics.median(kernel_s), 2),
+        "batched_nms_same_detections": same,
+        "batched_nms_torchvision_s": [round(s, 5) for s in tv_nms_s],
+        "batched_nms_kernel_s": [round(s, 5) for s in kernel_nms_s],
+        "batched_nms_speedup": round(statistics.median(tv_nms_s) / statistics.median(kernel_nms_s), 2),
     }  # fmt: skip
     print(json.dumps(out))
     if a.out:

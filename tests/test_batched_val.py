@@ -64,11 +64,13 @@ def test_matching_all_images_at_once_is_ultralytics_image_by_image(seed: int, de
 
 
 # one call for the batch; calls of a few images each; each image's top 40 first, then 320, then all (max_det 300
-# needs every round: few of 40 boxes clustered on 8 objects survive NMS)
-@pytest.mark.parametrize(("nms_boxes", "prefix"), [(1 << 15, 2048), (700, 2048), (700, 40)])
+# needs every round: few of 40 boxes clustered on 8 objects survive NMS); the kernel's rounds (one program an image,
+# on the CPU in Triton's interpreter: what a GPU runs), then torchvision's once an image has more than it walks
+@pytest.mark.parametrize(("nms_boxes", "prefix", "kernel"),
+                         [(1 << 15, 2048, False), (700, 2048, False), (700, 40, False), (700, 40, True)])  # fmt: skip
 @pytest.mark.parametrize("device", DEVICES)
 def test_nms_over_many_images_at_once_gives_ultralytics_detections_per_image(
-    device: str, nms_boxes: int, prefix: int, monkeypatch: pytest.MonkeyPatch
+    device: str, nms_boxes: int, prefix: int, kernel: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ultralytics.utils.nms import non_max_suppression
 
@@ -76,6 +78,8 @@ def test_nms_over_many_images_at_once_gives_ultralytics_detections_per_image(
 
     monkeypatch.setattr(batched_val, "NMS_BOXES", nms_boxes)
     monkeypatch.setattr(batched_val, "NMS_PREFIX", prefix)
+    monkeypatch.setattr(batched_val, "KERNEL_DEVICES", ("cpu", "cuda") if kernel else ())
+    monkeypatch.setattr(batched_val.nms_kernel, "MAX_BOXES", 512)  # rounds of 40 and 320 in it, 2560 in torchvision
     g = torch.Generator().manual_seed(0)
     bs, nc, anchors = 6, 5, 900
     centres = torch.rand(bs, 2, 8, generator=g) * 120  # boxes cluster on a few objects: NMS has work to do

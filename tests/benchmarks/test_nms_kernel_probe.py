@@ -1,6 +1,7 @@
 """benchmarks/nms_kernel_probe.py on the CPU (its Triton kernel in the interpreter): greedy NMS with one program per
 image keeps what torchvision keeps of each image, on boxes crowded enough that most are suppressed, with an empty
-image and padded rows; the probe itself finds no image that differs from the batched validator's calls."""
+image and padded rows; the probe itself finds no image that differs from the batched validator's calls, and the
+validator's NMS gives the same detections with its rounds in the kernel."""
 
 from __future__ import annotations
 
@@ -51,3 +52,4 @@ def test_the_probe_finds_no_image_that_differs(tmp_path: Path) -> None:
     subprocess.run([sys.executable, *args], cwd=ROOT, check=True, capture_output=True, timeout=300)
     got = json.loads(out.read_text())
     assert got["images_differing"] == 0 and got["boxes_per_image"] == 128 and len(got["kernel_s"]) == 1
+    assert got["batched_nms_same_detections"] and len(got["batched_nms_kernel_s"]) == 1

@@ -21,9 +21,14 @@ import torch
 from ultralytics.models.yolo.detect import DetectionValidator
 from ultralytics.utils import ops
 
+from yolo_ray.worker import nms_kernel
+
 MAX_WH = 7680  # Ultralytics' per-class NMS offset (nms.non_max_suppression's max_wh)
 NMS_BOXES = 1 << 15  # boxes one torchvision NMS call takes (its mask: boxes^2 / 8 bytes, 128 MB)
 NMS_PREFIX = 2048  # each image's most confident boxes NMS tries first (_greedy_keep)
+# where NMS rounds run nms_kernel: none yet. It keeps upstream's detections on the CPU (in Triton's interpreter, the
+# tests) but has not been compiled or timed on a GPU; ("cuda",) once benchmarks/nms_kernel_probe.py has run there.
+KERNEL_DEVICES: tuple[str, ...] = ()
 MATCH_ELEMENTS = 1 << 26  # IoU entries one matching pass holds on the device (256 MB of float32)
 
 
@@ -54,7 +59,7 @@ def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *
     cls = cls.float()
     offset = boxes + cls[:, None] * (0 if agnostic else MAX_WH)  # float32, as upstream
     moved = offset.double() + (img.double() * (MAX_WH * (nc + 1)))[:, None]
-    keep = _greedy_keep(moved, scores.double(), img, bs, iou_thres, max_det, max_nms)
+    keep = _greedy_keep(offset, moved, scores.double(), img, bs, iou_thres, max_det, max_nms)
     kept = torch.bincount(img[keep], minlength=bs)
     rank = _rank_in_image(img[keep], kept)
     keep, rank = keep[rank < max_det], rank[rank < max_det]
@@ -68,13 +73,16 @@ def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *
     return Detections(out_boxes, out_conf, out_cls, counts)
 
 
-def _greedy_keep(moved: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, bs: int, iou_thres: float,
-                 max_det: int, max_nms: int) -> torch.Tensor:  # fmt: skip
+def _greedy_keep(offset: torch.Tensor, moved: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, bs: int,
+                 iou_thres: float, max_det: int, max_nms: int) -> torch.Tensor:  # fmt: skip
     """The rows torchvision's NMS keeps of each image's max_nms most confident (as upstream), by image, each in
     descending score. Greedy NMS keeps a box when no kept box of higher score overlaps it, so what it keeps of an
     image's top k is what it keeps of all of them, cut to that top k: once max_det are kept there, the rest cannot
     reach the output. So each image is tried on its top NMS_PREFIX first, and only images still short try 8x as
-    many (a young model gives ~30,000 candidates an image, and the call's mask is quadratic in them)."""
+    many (a young model gives ~30,000 candidates an image, and the call's mask is quadratic in them). On the
+    KERNEL_DEVICES, rounds of up to nms_kernel.MAX_BOXES an image walk every image at once (offset: the float32 boxes
+    upstream gives torchvision); larger ones, and other devices, call torchvision on images side by side (moved:
+    float64, apart)."""
     import torchvision
 
     candidates = torch.bincount(img, minlength=bs)
@@ -88,16 +96,31 @@ def _greedy_keep(moved: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, b
     while True:
         k = min(k, int(rows.max()))
         take = order[(rank < rows.clamp(max=k)[img_in_order]) & pending[img_in_order]]
-        per_image = torch.bincount(img[take], minlength=bs).tolist()
-        calls = [take[a:b] for a, b in _spans([n for n in per_image if n])]  # whole images, by image
-        keep = torch.cat([c[torchvision.ops.nms(moved[c], scores[c], iou_thres)] for c in calls])
+        if offset.device.type in KERNEL_DEVICES and k <= nms_kernel.MAX_BOXES:
+            keep = _kernel_keep(offset, take, img, bs, k, iou_thres)
+        else:
+            per_image = torch.bincount(img[take], minlength=bs).tolist()
+            calls = [take[a:b] for a, b in _spans([n for n in per_image if n])]  # whole images, by image
+            keep = torch.cat([c[torchvision.ops.nms(moved[c], scores[c], iou_thres)] for c in calls])
         done = pending & ((torch.bincount(img[keep], minlength=bs) >= max_det) | (rows <= k))
         parts.append(keep[done[img[keep]]])
         pending &= ~done
         if not bool(pending.any()):
-            keep = torch.cat(parts)  # each image from one call, in descending score (as each call returns them)
+            keep = torch.cat(parts)  # each image from one round, in descending score (as each round returns them)
             return keep[img[keep].argsort(stable=True)]
         k *= 8
+
+
+def _kernel_keep(offset: torch.Tensor, take: torch.Tensor, img: torch.Tensor, bs: int, k: int,
+                 iou_thres: float) -> torch.Tensor:  # fmt: skip
+    """The rows of take (by image, each in descending score, at most k an image) that greedy NMS keeps, with one
+    kernel program per image; in take's order."""
+    at_img = img[take]
+    counts = torch.bincount(at_img, minlength=bs)
+    pos = _rank_in_image(at_img, counts)
+    boxes = offset.new_zeros(bs, k, 4)
+    boxes[at_img, pos] = offset[take]
+    return take[nms_kernel.greedy_nms_per_image(boxes, counts, iou_thres)[at_img, pos]]
 
 
 def _spans(per_image: list[int]) -> list[tuple[int, int]]:
