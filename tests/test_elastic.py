@@ -119,6 +119,7 @@ def test_the_group_shrinks_when_a_node_is_lost_and_grows_when_one_joins(
     start_node()
     rows = _finished(driver, tmp_path, run_dir, ELASTIC_EPOCHS)
     sizes = [r["world_size"] for r in rows]
+    assert 1 in sizes and 2 in sizes[sizes.index(1) :], sizes  # it shrank, then grew
     shrunk = sizes.index(1)
     grown = shrunk + sizes[shrunk:].index(2)
     assert set(sizes[:shrunk]) == {2} and set(sizes[shrunk:grown]) == {1} and set(sizes[grown:]) == {2}, sizes
