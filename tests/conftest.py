@@ -401,7 +401,8 @@ def two_node_cluster() -> Iterator[str]:
 
 
 # The GCS declares a node dead after this many failed health checks this far apart (Ray's defaults: 5, 3 s): a killed
-# node's raylet refuses the checks at once, so the tests' clusters learn of a lost node in ~2 s instead of ~15 s.
+# node's raylet refuses the checks at once, so the tests' clusters learn of a lost node in ~2 s instead of ~15 s
+# (what follows, Ray Train's start timeouts, still takes most of a restart: README, "Elastic runs and preemption").
 FAST_NODE_DEATH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4"}
 
 
