@@ -12,12 +12,11 @@ On CPU tensors the kernel runs in Triton's interpreter, which is how the tests c
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
+
+from yolo_ray import triton_kernels
 
 N_PARAMS = 29  # per-sample floats, laid out by pack_params
 BLOCK = 1024
@@ -125,15 +124,6 @@ def _warp_hsv(
     tl.store(dst + 2, tl.minimum(tl.maximum(tl.floor(bl + 0.5), 0.0), 255.0).to(tl.uint8), mask=live)
 
 
-@functools.cache
-def _kernel(interpret: bool) -> Any:
-    if interpret:  # CPU tensors: Triton's interpreter (tests)
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(_warp_hsv)
-    return triton.jit(_warp_hsv)
-
-
 def pack_params(
     minv: torch.Tensor,
     canvas: torch.Tensor,
@@ -156,7 +146,7 @@ def warp_hsv(images: torch.Tensor, tiles: torch.Tensor, params: torch.Tensor, hs
     b, s = tiles.shape[0], images.shape[1]
     out = torch.empty((b, s, s, 3), dtype=torch.uint8, device=images.device)
     grid = (b, triton.cdiv(s * s, BLOCK))
-    _kernel(images.device.type == "cpu")[grid](
+    triton_kernels.launcher(_warp_hsv, images.device.type == "cpu")[grid](
         images, tiles.contiguous(), params, out, s, pad, N_PARAMS=N_PARAMS, HSV=hsv, BLOCK=BLOCK
     )
     return out.permute(0, 3, 1, 2)

@@ -14,12 +14,13 @@ batched_val.KERNEL_DEVICES: none until it has been timed on a GPU (benchmarks/nm
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from yolo_ray import triton_kernels
 
 MAX_BOXES = 4096  # boxes one program walks: its block holds each box's coordinates in registers
 
@@ -55,15 +56,6 @@ def _greedy_per_image(boxes_ptr: Any, counts_ptr: Any, removed_ptr: Any, k: Any,
             tl.debug_barrier()
 
 
-@functools.cache
-def _kernel(interpret: bool) -> Any:
-    if interpret:  # CPU tensors: Triton's interpreter (tests)
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(_greedy_per_image)
-    return triton.jit(_greedy_per_image)
-
-
 def greedy_nms_per_image(boxes: torch.Tensor, counts: torch.Tensor, iou_thres: float) -> torch.Tensor:
     """boxes [B, K, 4] xyxy (K <= MAX_BOXES), each image's rows in walking order; counts [B]: its valid rows.
     -> keep [B, K] (False past counts)."""
@@ -73,7 +65,7 @@ def greedy_nms_per_image(boxes: torch.Tensor, counts: torch.Tensor, iou_thres: f
     removed = torch.zeros(n_images, k, dtype=torch.int8, device=boxes.device)
     if n_images and k:
         block = triton.next_power_of_2(k)
-        _kernel(not boxes.is_cuda)[(n_images,)](
+        triton_kernels.launcher(_greedy_per_image, not boxes.is_cuda)[(n_images,)](
             boxes.float().contiguous(), counts.to(torch.int32).contiguous(), removed, k, iou_thres, BLOCK=block,
             num_warps=8 if block >= 1024 else 4,
         )  # fmt: skip

@@ -1,0 +1,19 @@
+"""How yolo_ray's Triton kernels are launched: compiled for GPU tensors, in Triton's interpreter for CPU tensors (how
+the tests hold them to their references on a machine without a GPU)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import triton
+
+
+@functools.cache
+def launcher(fn: Any, interpret: bool) -> Any:
+    """The kernel function fn, to be launched as launcher(fn, interpret)[grid](...)."""
+    if interpret:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(fn)
+    return triton.jit(fn)
