@@ -58,8 +58,7 @@ def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *
     scores = pred[..., 4:][img, anchor, cls].float()
     cls = cls.float()
     offset = boxes + cls[:, None] * (0 if agnostic else MAX_WH)  # float32, as upstream
-    moved = offset.double() + (img.double() * (MAX_WH * (nc + 1)))[:, None]
-    keep = _greedy_keep(offset, moved, scores.double(), img, bs, iou_thres, max_det, max_nms)
+    keep = _greedy_keep(offset, scores.double(), img, bs, MAX_WH * (nc + 1), iou_thres, max_det, max_nms)
     kept = torch.bincount(img[keep], minlength=bs)
     rank = _rank_in_image(img[keep], kept)
     keep, rank = keep[rank < max_det], rank[rank < max_det]
@@ -73,7 +72,7 @@ def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *
     return Detections(out_boxes, out_conf, out_cls, counts)
 
 
-def _greedy_keep(offset: torch.Tensor, moved: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, bs: int,
+def _greedy_keep(offset: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, bs: int, gap: float,
                  iou_thres: float, max_det: int, max_nms: int) -> torch.Tensor:  # fmt: skip
     """The rows torchvision's NMS keeps of each image's max_nms most confident (as upstream), by image, each in
     descending score. Greedy NMS keeps a box when no kept box of higher score overlaps it, so what it keeps of an
@@ -81,8 +80,8 @@ def _greedy_keep(offset: torch.Tensor, moved: torch.Tensor, scores: torch.Tensor
     reach the output. So each image is tried on its top NMS_PREFIX first, and only images still short try 8x as
     many (a young model gives ~30,000 candidates an image, and the call's mask is quadratic in them). On the
     KERNEL_DEVICES, rounds of up to nms_kernel.MAX_BOXES an image walk every image at once (offset: the float32 boxes
-    upstream gives torchvision); larger ones, and other devices, call torchvision on images side by side (moved:
-    float64, apart)."""
+    upstream gives torchvision); larger ones, and other devices, call torchvision on images side by side (_apart:
+    the rows each call takes, moved apart by image)."""
     import torchvision
 
     candidates = torch.bincount(img, minlength=bs)
@@ -101,7 +100,7 @@ def _greedy_keep(offset: torch.Tensor, moved: torch.Tensor, scores: torch.Tensor
         else:
             per_image = torch.bincount(img[take], minlength=bs).tolist()
             calls = [take[a:b] for a, b in _spans([n for n in per_image if n])]  # whole images, by image
-            keep = torch.cat([c[torchvision.ops.nms(moved[c], scores[c], iou_thres)] for c in calls])
+            keep = torch.cat([c[torchvision.ops.nms(_apart(offset, img, c, gap), scores[c], iou_thres)] for c in calls])
         done = pending & ((torch.bincount(img[keep], minlength=bs) >= max_det) | (rows <= k))
         parts.append(keep[done[img[keep]]])
         pending &= ~done
@@ -109,6 +108,11 @@ def _greedy_keep(offset: torch.Tensor, moved: torch.Tensor, scores: torch.Tensor
             keep = torch.cat(parts)  # each image from one round, in descending score (as each round returns them)
             return keep[img[keep].argsort(stable=True)]
         k *= 8
+
+
+def _apart(offset: torch.Tensor, img: torch.Tensor, rows: torch.Tensor, gap: float) -> torch.Tensor:
+    """The rows' boxes, each image's moved gap * its index out of the others' reach (float64: the move is exact)."""
+    return offset[rows].double() + (img[rows].double() * gap)[:, None]
 
 
 def _kernel_keep(offset: torch.Tensor, take: torch.Tensor, img: torch.Tensor, bs: int, k: int,
