@@ -1,6 +1,6 @@
-"""A candidate for validation's NMS beside training (issue #23): greedy NMS with one Triton program per image, every
-image of a batch at once, against what the batched validator does now (worker/batched_val.py: each image's top
-NMS_PREFIX boxes, images side by side in torchvision calls of up to NMS_BOXES boxes).
+"""Validation's NMS kernel (issue #23): greedy NMS with one Triton program per image, every image of a batch at once,
+against what the batched validator does off the KERNEL_DEVICES (worker/batched_val.py: each image's top NMS_PREFIX
+boxes, images side by side in torchvision calls of up to NMS_BOXES boxes).
 
 The kernel is worker/nms_kernel.py (why it is faster: its docstring).
 

@@ -17,3 +17,10 @@ def launcher(fn: Any, interpret: bool) -> Any:
 
         return InterpretedFunction(fn)
     return triton.jit(fn)
+
+
+def interpreter_takes_loaded_scalars() -> bool:
+    """Whether Triton's interpreter can loop to or branch on a value a kernel loaded (the NMS kernel does): from
+    Triton 3.7 on; 3.6's raises "only 0-dimensional arrays can be converted". Compiled kernels are not affected."""
+    major, minor = (int(p) for p in triton.__version__.split(".")[:2])
+    return (major, minor) >= (3, 7)

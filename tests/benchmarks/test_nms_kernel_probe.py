@@ -10,13 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torchvision
+
+from yolo_ray import triton_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from nms_kernel_probe import greedy_nms_per_image, torchvision_keep  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not triton_kernels.interpreter_takes_loaded_scalars(),
+                                reason="Triton's interpreter before 3.7 cannot run the NMS kernel")  # fmt: skip
 
 
 def _crowded(counts: list[int], k: int, seed: int = 0) -> torch.Tensor:

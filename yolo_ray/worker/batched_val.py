@@ -26,9 +26,9 @@ from yolo_ray.worker import nms_kernel
 MAX_WH = 7680  # Ultralytics' per-class NMS offset (nms.non_max_suppression's max_wh)
 NMS_BOXES = 1 << 15  # boxes one torchvision NMS call takes (its mask: boxes^2 / 8 bytes, 128 MB)
 NMS_PREFIX = 2048  # each image's most confident boxes NMS tries first (_greedy_keep)
-# where NMS rounds run nms_kernel: none yet. It keeps upstream's detections on the CPU (in Triton's interpreter, the
-# tests) but has not been compiled or timed on a GPU; ("cuda",) once benchmarks/nms_kernel_probe.py has run there.
-KERNEL_DEVICES: tuple[str, ...] = ()
+# where NMS rounds run nms_kernel: on a GPU it keeps torchvision's boxes, 58x faster over the validator's whole NMS
+# (benchmarks/results/2026-12-07-h100-nms-kernel-probe.json). Not the CPU: there it would be Triton's interpreter.
+KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
 MATCH_ELEMENTS = 1 << 26  # IoU entries one matching pass holds on the device (256 MB of float32)
 
 

@@ -9,12 +9,11 @@ each image walks its own boxes in a program of its own, all images in parallel. 
 torchvision's, in float32 as Ultralytics gives them to it.
 
 On CPU tensors the kernel runs in Triton's interpreter (the tests). The validator uses it on the devices named in
-batched_val.KERNEL_DEVICES: none until it has been timed on a GPU (benchmarks/nms_kernel_probe.py).
+batched_val.KERNEL_DEVICES (CUDA): on an H100, 64 images of 2048 boxes in 1.6 ms against torchvision's 270 ms, the
+same boxes kept (benchmarks/nms_kernel_probe.py; benchmarks/results/2026-12-07-h100-nms-kernel-probe.json).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import triton
@@ -25,8 +24,8 @@ from yolo_ray import triton_kernels
 MAX_BOXES = 4096  # boxes one program walks: its block holds each box's coordinates in registers
 
 
-def _greedy_per_image(boxes_ptr: Any, counts_ptr: Any, removed_ptr: Any, k: Any, iou_thres: Any,
-                      BLOCK: tl.constexpr):  # fmt: skip
+def _greedy_per_image(boxes_ptr, counts_ptr, removed_ptr, k, iou_thres, BLOCK: tl.constexpr):  # noqa: N803
+    # (the runtime arguments go unannotated: Triton's compiler reads an annotation as a global it cannot reach)
     """Program b: image b's first counts[b] boxes of boxes[b] (xyxy, in the order to walk them, most confident first):
     a box is kept unless a kept box before it overlaps it by more than iou_thres. removed[b] (zeros in, int8) ends 1
     where a box is not kept; it is also where the loop reads whether box i still stands (a load, not a reduction over
