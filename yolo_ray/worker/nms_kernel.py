@@ -24,7 +24,7 @@ from yolo_ray import triton_kernels
 MAX_BOXES = 4096  # boxes one program walks: its block holds each box's coordinates in registers
 
 
-def _greedy_per_image(boxes_ptr, counts_ptr, removed_ptr, k, iou_thres, BLOCK: tl.constexpr):  # noqa: N803
+def _greedy_per_image(boxes_ptr, counts_ptr, removed_ptr, k, iou_thres, BLOCK: tl.constexpr):
     # (the runtime arguments go unannotated: Triton's compiler reads an annotation as a global it cannot reach)
     """Program b: image b's first counts[b] boxes of boxes[b] (xyxy, in the order to walk them, most confident first):
     a box is kept unless a kept box before it overlaps it by more than iou_thres. removed[b] (zeros in, int8) ends 1
