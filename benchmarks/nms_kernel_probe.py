@@ -43,9 +43,8 @@ def top_boxes(prediction: torch.Tensor, conf: float, k: int) -> tuple[torch.Tens
     rank = batched_val._rank_in_image(img[order], candidates)
     take = order[rank < k]
     counts = candidates.clamp(max=k)
-    out = boxes.new_zeros(bs, k, 4)
-    out[img[take], batched_val._rank_in_image(img[take], counts)] = boxes[take]
-    return out, counts
+    at = (img[take], batched_val._rank_in_image(img[take], counts))
+    return batched_val._padded_by_image(boxes[take], at, bs, k), counts
 
 
 def torchvision_keep(boxes: torch.Tensor, counts: torch.Tensor, iou_thres: float) -> torch.Tensor:

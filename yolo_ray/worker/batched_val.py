@@ -64,12 +64,9 @@ def batched_nms(prediction: torch.Tensor, conf_thres: float, iou_thres: float, *
     keep, rank = keep[rank < max_det], rank[rank < max_det]
     counts = kept.clamp(max=max_det).tolist()
     width = max(counts, default=0)
-    out_boxes = boxes.new_zeros(bs, width, 4)
-    out_conf = scores.new_zeros(bs, width)
-    out_cls = scores.new_full((bs, width), -1.0)
     at = (img[keep], rank)
-    out_boxes[at], out_conf[at], out_cls[at] = boxes[keep], scores[keep], cls[keep]
-    return Detections(out_boxes, out_conf, out_cls, counts)
+    return Detections(_padded_by_image(boxes[keep], at, bs, width), _padded_by_image(scores[keep], at, bs, width),
+                      _padded_by_image(cls[keep], at, bs, width, -1.0), counts)  # fmt: skip
 
 
 def _greedy_keep(offset: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, bs: int, gap: float,
@@ -122,8 +119,7 @@ def _kernel_keep(offset: torch.Tensor, take: torch.Tensor, img: torch.Tensor, bs
     at_img = img[take]
     counts = torch.bincount(at_img, minlength=bs)
     pos = _rank_in_image(at_img, counts)
-    boxes = offset.new_zeros(bs, k, 4)
-    boxes[at_img, pos] = offset[take]
+    boxes = _padded_by_image(offset[take], (at_img, pos), bs, k)
     return take[nms_kernel.greedy_nms_per_image(boxes, counts, iou_thres)[at_img, pos]]
 
 
@@ -137,6 +133,14 @@ def _spans(per_image: list[int]) -> list[tuple[int, int]]:
             start = end
         end += n
     return [*spans, (start, end)]
+
+
+def _padded_by_image(rows: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor], bs: int, width: int,
+                     fill: float = 0.0) -> torch.Tensor:  # fmt: skip
+    """rows placed at (image, position in it) of a [bs, width, ...] tensor, fill elsewhere."""
+    out = rows.new_full((bs, width, *rows.shape[1:]), fill)
+    out[at] = rows
+    return out
 
 
 def _rank_in_image(img: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -213,11 +217,10 @@ class BatchedDetectionValidator(DetectionValidator):
         per_image = torch.bincount(img, minlength=bs)
         counts = per_image.tolist()
         at = (img, _rank_in_image(img, per_image))
-        labels = batch["bboxes"].new_zeros(bs, max(counts, default=0), 4)
-        label_cls = batch["cls"].new_full((bs, labels.shape[1]), -2.0)
-        h, w = batch["img"].shape[2:]
-        labels[at] = ops.xywh2xyxy(batch["bboxes"]) * torch.tensor((w, h, w, h), device=labels.device)
-        label_cls[at] = batch["cls"].view(-1).to(label_cls.dtype)
+        width, (h, w) = max(counts, default=0), batch["img"].shape[2:]
+        scale = torch.tensor((w, h, w, h), device=batch["bboxes"].device)
+        labels = _padded_by_image(ops.xywh2xyxy(batch["bboxes"]) * scale, at, bs, width)
+        label_cls = _padded_by_image(batch["cls"].view(-1), at, bs, width, -2.0)
         iou = box_iou_batched(labels, preds.boxes) * (label_cls[:, :, None] == preds.cls[:, None, :])
         cls = np.split(batch["cls"].view(-1).cpu().numpy(), np.cumsum(counts)[:-1])
         names = [Path(f).name for f in batch["im_file"]]
