@@ -206,6 +206,7 @@ def test_clocks_count_only_from_runs_that_had_the_machine_alone() -> None:
     assert graphs["timed_seeds"] == [] and graphs["wall_s"] is None  # both contended: no clock at all
     assert graphs["vs_native_mAP50-95"] == pytest.approx(-0.015) and graphs["at_parity"] is False
     assert graphs["vs_native_paired"]["n"] == 1 and graphs["vs_native_paired"]["mean"] == pytest.approx(-0.01)
+    assert graphs["parity_decided"]["verdict"] == "undecided"  # one seed a side: no spread to judge by
 
 
 def test_a_run_of_another_benchmark_call_makes_clocks_contended(tmp_path: Path) -> None:
@@ -248,3 +249,21 @@ def test_earlier_results_join_the_table_and_a_rerun_is_compared(tmp_path: Path) 
     assert again == [{"name": "native-e10-s0", "from": "old.json", "earlier": 0.47, "now": 0.47}]
     with pytest.raises(ConfigError, match="merge"):
         harness.merged_results(harness.ParitySettings(merge=str(tmp_path / "missing.json")))
+
+
+def test_parity_is_decided_only_where_the_seeds_tell() -> None:
+    """Welch's interval of the difference of the means: clear above the bar, clear below it, or a spread that cannot
+    tell (then the seeds a side that would); the means alone (at_parity) say yes or no either way."""
+    from yolo_ray.bench.parity_report import decide_parity
+
+    native = [0.686, 0.668, 0.705]
+    above = decide_parity([0.700, 0.701, 0.699], [0.690, 0.691, 0.689])
+    assert above["verdict"] == "met" and above["ci95"][0] >= -0.005
+    below = decide_parity([0.556, 0.527, 0.587], native)
+    assert below["verdict"] == "missed" and below["ci95"][1] < -0.005
+    wide = decide_parity([0.690, 0.640, 0.720], native)  # +0.0003: the means say parity, the spread cannot
+    assert wide["verdict"] == "undecided" and wide["ci95"][0] < -0.005 < wide["ci95"][1]
+    assert 10 < wide["seeds_a_side"] < 10_000
+    closer = decide_parity([0.730, 0.680, 0.760], native)  # the same spread, 4 points further from the bar
+    assert closer["seeds_a_side"] < wide["seeds_a_side"]
+    assert decide_parity([0.7], native) == {"ci95": None, "verdict": "undecided", "seeds_a_side": None}
