@@ -72,26 +72,60 @@ def test_matching_all_images_at_once_is_ultralytics_image_by_image(seed: int, de
 def test_nms_over_many_images_at_once_gives_ultralytics_detections_per_image(
     device: str, nms_boxes: int, prefix: int, kernel: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ultralytics.utils.nms import non_max_suppression
-
     from yolo_ray.worker import batched_val
 
     if kernel and device == "cpu" and not triton_kernels.interpreter_takes_loaded_scalars():
         pytest.skip("Triton's interpreter before 3.7 cannot run the NMS kernel")
+    from yolo_ray.worker import nms_kernel
+
     monkeypatch.setattr(batched_val, "NMS_BOXES", nms_boxes)
     monkeypatch.setattr(batched_val, "NMS_PREFIX", prefix)
     monkeypatch.setattr(batched_val, "KERNEL_DEVICES", ("cpu", "cuda") if kernel else ())
-    monkeypatch.setattr(batched_val.nms_kernel, "MAX_BOXES", 512)  # rounds of 40 and 320 in it, 2560 in torchvision
+    monkeypatch.setattr(nms_kernel, "MAX_BOXES", 512)  # rounds of 40 and 320 in it, 2560 in torchvision
+    _assert_ultralytics_detections(_clustered_prediction(device))
+
+
+def test_a_kernel_that_fails_leaves_validation_to_torchvision(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """No Triton, or a GPU it cannot compile for: the validator says so once, and NMS goes on in torchvision's calls
+    with Ultralytics' detections; the kernel is not tried again on that device type."""
+    from yolo_ray.worker import batched_val, nms_kernel
+
+    tries = []
+
+    def fails(*args: object) -> None:
+        tries.append(args)
+        raise RuntimeError("no Triton backend for this GPU")
+
+    monkeypatch.setattr(batched_val, "NMS_PREFIX", 40)
+    monkeypatch.setattr(batched_val, "KERNEL_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(nms_kernel, "greedy_nms_per_image", fails)
+    _assert_ultralytics_detections(_clustered_prediction("cpu"))
+    assert len(tries) == 1 and batched_val.KERNEL_DEVICES == ("cuda",)
+    out = capsys.readouterr().out
+    assert out.count("NMS kernel failed on cpu (RuntimeError: no Triton backend for this GPU)") == 1
+
+
+def _clustered_prediction(device: str) -> torch.Tensor:
+    """A batch of model output: boxes clustered on a few objects (NMS has work to do), an image with no detection."""
     g = torch.Generator().manual_seed(0)
     bs, nc, anchors = 6, 5, 900
-    centres = torch.rand(bs, 2, 8, generator=g) * 120  # boxes cluster on a few objects: NMS has work to do
+    centres = torch.rand(bs, 2, 8, generator=g) * 120
     xy = centres[:, :, torch.randint(0, 8, (anchors,), generator=g)] + torch.randn(bs, 2, anchors, generator=g) * 4
     wh = 10 + torch.rand(bs, 2, anchors, generator=g) * 30
     scores = torch.rand(bs, nc, anchors, generator=g) ** 4
-    scores[1] = 0  # an image with no detection
+    scores[1] = 0
     prediction = torch.cat([xy, wh, scores], 1).to(device)
-    if device == "cuda":
-        prediction = prediction.half()  # as a training-mode validation's model gives them
+    return prediction.half() if device == "cuda" else prediction  # as a training-mode validation's model gives them
+
+
+def _assert_ultralytics_detections(prediction: torch.Tensor) -> None:
+    """batched_nms gives Ultralytics' non_max_suppression detections, image by image, bit for bit."""
+    from ultralytics.utils.nms import non_max_suppression
+
+    from yolo_ray.worker import batched_val
+
     # upstream's max_nms cuts each image to its most confident boxes (here 1000 of ~4000 candidates)
     for conf, max_det, max_nms in ((0.001, 300, 30000), (0.25, 20, 30000), (0.001, 300, 1000)):
         got = batched_val.batched_nms(prediction, conf, 0.7, max_det=max_det, max_nms=max_nms)

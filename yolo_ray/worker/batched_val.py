@@ -21,13 +21,14 @@ import torch
 from ultralytics.models.yolo.detect import DetectionValidator
 from ultralytics.utils import ops
 
-from yolo_ray.worker import nms_kernel
+from yolo_ray.console import say
 
 MAX_WH = 7680  # Ultralytics' per-class NMS offset (nms.non_max_suppression's max_wh)
 NMS_BOXES = 1 << 15  # boxes one torchvision NMS call takes (its mask: boxes^2 / 8 bytes, 128 MB)
 NMS_PREFIX = 2048  # each image's most confident boxes NMS tries first (_greedy_keep)
 # where NMS rounds run nms_kernel: on a GPU it keeps torchvision's boxes, 58x faster over the validator's whole NMS
-# (benchmarks/results/2026-12-07-h100-nms-kernel-probe.json). Not the CPU: there it would be Triton's interpreter.
+# (benchmarks/results/2026-12-07-h100-nms-kernel-probe.json). Not the CPU: there it would be Triton's interpreter. A
+# device the kernel fails on (no Triton, a GPU it cannot compile for) leaves this for the rest of the process.
 KERNEL_DEVICES: tuple[str, ...] = ("cuda",)
 MATCH_ELEMENTS = 1 << 26  # IoU entries one matching pass holds on the device (256 MB of float32)
 
@@ -92,9 +93,8 @@ def _greedy_keep(offset: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, 
     while True:
         k = min(k, int(rows.max()))
         take = order[(rank < rows.clamp(max=k)[img_in_order]) & pending[img_in_order]]
-        if offset.device.type in KERNEL_DEVICES and k <= nms_kernel.MAX_BOXES:
-            keep = _kernel_keep(offset, take, img, bs, k, iou_thres)
-        else:
+        keep = _kernel_keep(offset, take, img, bs, k, iou_thres)
+        if keep is None:
             per_image = torch.bincount(img[take], minlength=bs).tolist()
             calls = [take[a:b] for a, b in _spans([n for n in per_image if n])]  # whole images, by image
             keep = torch.cat([c[torchvision.ops.nms(_apart(offset, img, c, gap), scores[c], iou_thres)] for c in calls])
@@ -113,14 +113,29 @@ def _apart(offset: torch.Tensor, img: torch.Tensor, rows: torch.Tensor, gap: flo
 
 
 def _kernel_keep(offset: torch.Tensor, take: torch.Tensor, img: torch.Tensor, bs: int, k: int,
-                 iou_thres: float) -> torch.Tensor:  # fmt: skip
+                 iou_thres: float) -> torch.Tensor | None:  # fmt: skip
     """The rows of take (by image, each in descending score, at most k an image) that greedy NMS keeps, with one
-    kernel program per image; in take's order."""
-    at_img = img[take]
-    counts = torch.bincount(at_img, minlength=bs)
-    pos = _rank_in_image(at_img, counts)
-    boxes = _padded_by_image(offset[take], (at_img, pos), bs, k)
-    return take[nms_kernel.greedy_nms_per_image(boxes, counts, iou_thres)[at_img, pos]]
+    kernel program per image; in take's order. None where the kernel does not run this round: off the
+    KERNEL_DEVICES, more than its MAX_BOXES an image, or failing (then never again on this device type)."""
+    global KERNEL_DEVICES
+    device = offset.device.type
+    if device not in KERNEL_DEVICES:
+        return None
+    try:
+        from yolo_ray.worker import nms_kernel  # imports Triton: only where the kernel runs
+
+        if k > nms_kernel.MAX_BOXES:
+            return None
+        at_img = img[take]
+        counts = torch.bincount(at_img, minlength=bs)
+        pos = _rank_in_image(at_img, counts)
+        boxes = _padded_by_image(offset[take], (at_img, pos), bs, k)
+        return take[nms_kernel.greedy_nms_per_image(boxes, counts, iou_thres)[at_img, pos]]
+    except Exception as e:  # an optional fast path: validation goes on with torchvision's NMS, the same detections
+        KERNEL_DEVICES = tuple(d for d in KERNEL_DEVICES if d != device)
+        say(f"[yolo_ray] validation's NMS kernel failed on {device} ({type(e).__name__}: {str(e)[:300]}); "
+            "torchvision's NMS from now on (the same detections, slower)")  # fmt: skip
+        return None
 
 
 def _spans(per_image: list[int]) -> list[tuple[int, int]]:
