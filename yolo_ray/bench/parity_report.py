@@ -82,6 +82,7 @@ def decide_parity(path: list[float], native: list[float], bar: float = PARITY_PO
     difference of the means, `met` when all of it clears the bar, `missed` when none does, else `undecided`; and the
     seeds a side (the same spreads assumed) that would tell, at the difference seen. at_parity compares the means
     alone; with native's spread at 10 epochs (sd 0.04) that comparison is a coin toss at a few seeds."""
+    import numpy as np
     from scipy import stats
 
     diff = statistics.mean(path) - statistics.mean(native)
@@ -93,9 +94,9 @@ def decide_parity(path: list[float], native: list[float], bar: float = PARITY_PO
     half = float(stats.t.ppf(0.975, df)) * (sa + sb) ** 0.5
     lo, hi = diff - half, diff + half
     verdict = "met" if lo >= -bar else "missed" if hi < -bar else "undecided"
-    margin = abs(diff + bar)
-    seeds = next((n for n in range(2, 10_001) if stats.t.ppf(0.975, 2 * n - 2) * ((va + vb) / n) ** 0.5 < margin),
-                 None)  # fmt: skip
+    n = np.arange(2, 10_001)
+    tells = np.flatnonzero(stats.t.ppf(0.975, 2 * n - 2) * np.sqrt((va + vb) / n) < abs(diff + bar))
+    seeds = int(n[tells[0]]) if tells.size else None
     return {"ci95": [round(lo, 5), round(hi, 5)], "verdict": verdict, "seeds_a_side": seeds}
 
 
