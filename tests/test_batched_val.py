@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -82,7 +83,11 @@ def test_nms_over_many_images_at_once_gives_ultralytics_detections_per_image(
     monkeypatch.setattr(batched_val, "NMS_PREFIX", prefix)
     monkeypatch.setattr(batched_val, "KERNEL_DEVICES", ("cpu", "cuda") if kernel else ())
     monkeypatch.setattr(nms_kernel, "MAX_BOXES", 512)  # rounds of 40 and 320 in it, 2560 in torchvision
+    walked = []
+    monkeypatch.setattr(nms_kernel, "greedy_nms_per_image", _recorded(nms_kernel.greedy_nms_per_image, walked))
     _assert_ultralytics_detections(_clustered_prediction(device))
+    # the kernel's rounds ran in it (a failing kernel would fall back to torchvision with the same detections)
+    assert bool(walked) == kernel and batched_val.KERNEL_DEVICES == (("cpu", "cuda") if kernel else ())
 
 
 def test_a_kernel_that_fails_leaves_validation_to_torchvision(
@@ -105,6 +110,14 @@ def test_a_kernel_that_fails_leaves_validation_to_torchvision(
     assert len(tries) == 1 and batched_val.KERNEL_DEVICES == ("cuda",)
     out = capsys.readouterr().out
     assert out.count("NMS kernel failed on cpu (RuntimeError: no Triton backend for this GPU)") == 1
+
+
+def _recorded(fn: Any, calls: list) -> Any:
+    def call(*args: Any) -> Any:
+        calls.append(args)
+        return fn(*args)
+
+    return call
 
 
 def _clustered_prediction(device: str) -> torch.Tensor:
