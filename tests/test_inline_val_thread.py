@@ -36,10 +36,12 @@ def _batches() -> list[dict]:
 def test_warm_pass_and_every_validation_run_on_one_thread() -> None:
     thread, model, batches = InlineValThread(torch.device("cpu")), _Recorder(), _batches()
     try:
-        thread.warm(model, batches, half=False)
+        then: list[int] = []  # after the batches (e.g. the NMS kernel's compile): on the thread, once
+        thread.warm(model, batches, half=False, then=lambda: then.append(threading.get_ident()))
         idents = {thread.run(threading.get_ident) for _ in range(3)}  # waits for the warm pass first
         assert [s for _, s, _ in model.seen] == [tuple(b["img"].shape) for b in batches]  # every batch, in order
-        assert {i for i, _, _ in model.seen} == idents == {thread.ident} != {threading.get_ident()}
+        assert {i for i, _, _ in model.seen} == idents == set(then) == {thread.ident} != {threading.get_ident()}
+        assert len(then) == 1
         assert all(0.9 < top <= 1.0 for _, _, top in model.seen)  # images as the validator feeds them: uint8 / 255
         assert thread.warm_s is not None and thread.waited_s >= 0
         assert thread.run(lambda: thread.run(lambda: 7)) == 7  # a validation that validates does not wait on itself

@@ -10,13 +10,14 @@ import triton
 
 
 @functools.cache
-def launcher(fn: Any, interpret: bool) -> Any:
-    """The kernel function fn, to be launched as launcher(fn, interpret)[grid](...)."""
+def launcher(fn: Any, interpret: bool, do_not_specialize: tuple[str, ...] = ()) -> Any:
+    """The kernel function fn, to be launched as launcher(fn, interpret)[grid](...); do_not_specialize: the int
+    arguments compiled for any value (triton.jit's)."""
     if interpret:
         from triton.runtime.interpreter import InterpretedFunction
 
         return InterpretedFunction(fn)
-    return triton.jit(fn)
+    return triton.jit(fn, do_not_specialize=list(do_not_specialize))
 
 
 def interpreter_takes_loaded_scalars() -> bool:

@@ -59,3 +59,22 @@ def test_the_probe_finds_no_image_that_differs(tmp_path: Path) -> None:
     got = json.loads(out.read_text())
     assert got["images_differing"] == 0 and got["boxes_per_image"] == 128 and len(got["kernel_s"]) == 1
     assert got["batched_nms_same_detections"] and len(got["batched_nms_kernel_s"]) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles the kernel for a GPU")
+def test_every_round_of_the_validator_runs_one_compiled_variant() -> None:
+    """Once warmed (batched_val.warm_kernel: one box), rounds of any size up to NMS_PREFIX boxes an image compile
+    nothing more: a compile in a validation is ~0.6 s on the training GPU's critical path."""
+    from yolo_ray.worker import batched_val, nms_kernel
+
+    device = torch.device("cuda")
+    batched_val.warm_kernel(device)
+    jit = triton_kernels.launcher(nms_kernel._greedy_per_image, False, ("k",))
+    compiled = sum(len(caches[0]) for caches in jit.device_caches.values())
+    assert compiled >= 1 and batched_val.KERNEL_DEVICES == ("cuda",)  # it compiled, and did not fail
+    for k in (1, 17, 100, 640, 1024, 1500, batched_val.NMS_PREFIX):
+        counts = [k, 0, max(1, k // 3)]
+        boxes, n = _crowded(counts, k).to(device), torch.tensor(counts, device=device)
+        got = nms_kernel.greedy_nms_per_image(boxes, n, 0.7)
+        assert torch.equal(got.cpu(), torchvision_keep(boxes.cpu(), n.cpu(), 0.7)), k
+    assert sum(len(caches[0]) for caches in jit.device_caches.values()) == compiled

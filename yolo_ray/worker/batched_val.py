@@ -107,6 +107,14 @@ def _greedy_keep(offset: torch.Tensor, scores: torch.Tensor, img: torch.Tensor, 
         k *= 8
 
 
+def warm_kernel(device: torch.device) -> None:
+    """Compile validation's NMS kernel for `device` now, on one box (every round runs the one variant: nms_kernel.
+    MIN_BLOCK): its first compile (~0.6 s) is then off the first validation. A kernel that fails here falls back to
+    torchvision as it would in validation, with the same one line."""
+    one = torch.zeros(1, dtype=torch.long, device=device)
+    _kernel_keep(torch.zeros(1, 4, device=device), one, one, 1, 1, 0.5)
+
+
 def _apart(offset: torch.Tensor, img: torch.Tensor, rows: torch.Tensor, gap: float) -> torch.Tensor:
     """The rows' boxes, each image's moved gap * its index out of the others' reach (float64: the move is exact)."""
     return offset[rows].double() + (img[rows].double() * gap)[:, None]

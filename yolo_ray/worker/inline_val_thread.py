@@ -37,10 +37,12 @@ class InlineValThread:
         self.warm_s: float | None = None  # how long the warm pass took (on its thread)
         self.waited_s = 0.0  # how long validation waited for it (on the training thread)
 
-    def warm(self, model: nn.Module, batches: Iterable[dict[str, Any]], half: bool) -> None:
+    def warm(self, model: nn.Module, batches: Iterable[dict[str, Any]], half: bool,
+             then: Callable[[], object] | None = None) -> None:  # fmt: skip
         """Start `model` (a copy: its weights do not matter, its layout does) over every val batch, as the validator
-        feeds them (uint8 images scaled to [0, 1], fp16 under autocast when training used AMP)."""
-        self._warming = self._pool.submit(self._forward_all, model, batches, half)
+        feeds them (uint8 images scaled to [0, 1], fp16 under autocast when training used AMP); then `then()` (more
+        of validation's first-call work, e.g. compiling its NMS kernel), on the same side stream."""
+        self._warming = self._pool.submit(self._forward_all, model, batches, half, then)
 
     def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """fn(*args, **kwargs) on the validation thread, once the warm pass is done; its result or exception here."""
@@ -67,16 +69,21 @@ class InlineValThread:
             torch.cuda.set_device(self.device)  # the current device is per thread
         return threading.get_ident()
 
-    def _forward_all(self, model: nn.Module, batches: Iterable[dict[str, Any]], half: bool) -> None:
+    def _forward_all(self, model: nn.Module, batches: Iterable[dict[str, Any]], half: bool,
+                     then: Callable[[], object] | None) -> None:  # fmt: skip
         started, cuda = time.perf_counter(), self.device.type == "cuda"
         side = torch.cuda.Stream(self.device) if cuda else None  # beside training's kernels, not queued behind them
+        on_side = (lambda: torch.cuda.stream(side)) if side is not None else contextlib.nullcontext
         with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.float16, enabled=half and cuda):
             for batch in batches:  # the kept val batches are made on this thread's default stream
                 img = batch["img"].to(self.device, non_blocking=cuda)
                 if side is not None:
                     side.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                with on_side():
                     model((img.half() if half and cuda else img.float()) / 255)
+        if then is not None:
+            with on_side():
+                then()
         if side is not None:
             side.synchronize()
         self.warm_s = time.perf_counter() - started

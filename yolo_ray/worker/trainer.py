@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -274,13 +275,15 @@ class RayTrainer(BaseTrainer):
 
 def _warm_validation(trainer: RayTrainer) -> None:
     """On a GPU, inline validation gets its own thread, which starts building cuDNN's plans for the val shapes now,
-    beside training (worker/inline_val_thread.py). After _setup_train: CUDA graphs are captured (no other thread
-    may launch work during a capture)."""
+    and compiling the NMS kernel, beside training (worker/inline_val_thread.py). After _setup_train: CUDA graphs are
+    captured (no other thread may launch work during a capture)."""
     if trainer.device.type != "cuda" or trainer.val_async or trainer.validator is None or trainer.ema is None:
         return
     model = copy.deepcopy(unwrap_model(trainer.ema.ema)).eval()  # the EMA's layout; its values do not matter
     trainer.val_thread = InlineValThread(trainer.device)
-    trainer.val_thread.warm(model, trainer.validator.dataloader, half=bool(trainer.amp))
+    batched = isinstance(trainer.validator, batched_val.BatchedDetectionValidator)
+    nms = functools.partial(batched_val.warm_kernel, trainer.device) if batched else None
+    trainer.val_thread.warm(model, trainer.validator.dataloader, half=bool(trainer.amp), then=nms)
 
 
 def _set_sampler_epoch(trainer: RayTrainer) -> None:
