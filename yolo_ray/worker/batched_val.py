@@ -125,25 +125,32 @@ def _kernel_keep(offset: torch.Tensor, take: torch.Tensor, img: torch.Tensor, bs
     """The rows of take (by image, each in descending score, at most k an image) that greedy NMS keeps, with one
     kernel program per image; in take's order. None where the kernel does not run this round: off the
     KERNEL_DEVICES, more than its MAX_BOXES an image, or failing (then never again on this device type)."""
-    global KERNEL_DEVICES
     device = offset.device.type
     if device not in KERNEL_DEVICES:
         return None
     try:
         from yolo_ray.worker import nms_kernel  # imports Triton: only where the kernel runs
-
-        if k > nms_kernel.MAX_BOXES:
-            return None
-        at_img = img[take]
-        counts = torch.bincount(at_img, minlength=bs)
-        pos = _rank_in_image(at_img, counts)
-        boxes = _padded_by_image(offset[take], (at_img, pos), bs, k)
-        return take[nms_kernel.greedy_nms_per_image(boxes, counts, iou_thres)[at_img, pos]]
-    except Exception as e:  # an optional fast path: validation goes on with torchvision's NMS, the same detections
-        KERNEL_DEVICES = tuple(d for d in KERNEL_DEVICES if d != device)
-        say(f"[yolo_ray] validation's NMS kernel failed on {device} ({type(e).__name__}: {str(e)[:300]}); "
-            "torchvision's NMS from now on (the same detections, slower)")  # fmt: skip
+    except Exception as e:  # no Triton, or one that fails to load
+        return _kernel_failed(device, e)
+    if k > nms_kernel.MAX_BOXES:
         return None
+    at_img = img[take]
+    counts = torch.bincount(at_img, minlength=bs)
+    pos = _rank_in_image(at_img, counts)
+    boxes = _padded_by_image(offset[take], (at_img, pos), bs, k)
+    try:  # the kernel alone: an error in the validator's own indexing is a bug to see, not the kernel's failure
+        keep = nms_kernel.greedy_nms_per_image(boxes, counts, iou_thres)
+    except Exception as e:  # an optional fast path: validation goes on with torchvision's NMS, the same detections
+        return _kernel_failed(device, e)
+    return take[keep[at_img, pos]]
+
+
+def _kernel_failed(device: str, e: Exception) -> None:
+    """The kernel off for this device type from now on, said once."""
+    global KERNEL_DEVICES
+    KERNEL_DEVICES = tuple(d for d in KERNEL_DEVICES if d != device)
+    say(f"[yolo_ray] validation's NMS kernel failed on {device} ({type(e).__name__}: {str(e)[:300]}); "
+        "torchvision's NMS from now on (the same detections, slower)")  # fmt: skip
 
 
 def _spans(per_image: list[int]) -> list[tuple[int, int]]:
