@@ -31,7 +31,7 @@ def _compile(jit: Any, signature: dict[str, str], constexprs: dict[str, Any], ar
 def test_the_nms_kernel_compiles_for_a_gpu(arch: int, block: int) -> None:
     """As greedy_nms_per_image launches it: float32 boxes, int32 counts, int8 flags, k (not specialized: one
     variant for every round's box count), the IoU threshold."""
-    jit = triton_kernels.launcher(nms_kernel._greedy_per_image, False, ("k",))
+    jit = nms_kernel.launcher(interpret=False)
     assert [p.name for p in jit.params if p.do_not_specialize] == ["k"]
     signature = {"boxes_ptr": "*fp32", "counts_ptr": "*i32", "removed_ptr": "*i8", "k": "i32", "iou_thres": "fp32",
                  "BLOCK": "constexpr"}  # fmt: skip

@@ -15,6 +15,8 @@ same boxes kept (benchmarks/nms_kernel_probe.py; benchmarks/results/2026-12-07-h
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -60,6 +62,12 @@ def _greedy_per_image(boxes_ptr, counts_ptr, removed_ptr, k, iou_thres, BLOCK: t
             tl.debug_barrier()
 
 
+def launcher(interpret: bool) -> Any:
+    """The kernel as greedy_nms_per_image launches it: compiled (on GPU tensors) with k unspecialized, or interpreted.
+    One object per mode (triton_kernels.launcher's cache), whose compiled variants tests can count."""
+    return triton_kernels.launcher(_greedy_per_image, interpret, do_not_specialize=("k",))
+
+
 def greedy_nms_per_image(boxes: torch.Tensor, counts: torch.Tensor, iou_thres: float) -> torch.Tensor:
     """boxes [B, K, 4] xyxy (K <= MAX_BOXES), each image's rows in walking order; counts [B]: its valid rows.
     -> keep [B, K] (False past counts)."""
@@ -69,7 +77,7 @@ def greedy_nms_per_image(boxes: torch.Tensor, counts: torch.Tensor, iou_thres: f
     removed = torch.zeros(n_images, k, dtype=torch.int8, device=boxes.device)
     if n_images and k:
         block = max(triton.next_power_of_2(k), MIN_BLOCK)
-        triton_kernels.launcher(_greedy_per_image, not boxes.is_cuda, do_not_specialize=("k",))[(n_images,)](
+        launcher(not boxes.is_cuda)[(n_images,)](
             boxes.float().contiguous(), counts.to(torch.int32).contiguous(), removed, k, iou_thres, BLOCK=block,
             num_warps=8,
         )  # fmt: skip
