@@ -247,6 +247,13 @@ def test_earlier_results_join_the_table_and_a_rerun_is_compared(tmp_path: Path) 
     kept, again = harness.combine(earlier, [_row("native-e10-s0", 0.47)])
     assert sorted(r["name"] for r in kept) == ["native-e10-s0", "native-e10-s1"]
     assert again == [{"name": "native-e10-s0", "from": "old.json", "earlier": 0.47, "now": 0.47}]
+    filed = tmp_path / "filed.json"  # as kept in benchmarks/results/: the run's JSON under "parity", with its command
+    bare = json.loads(old.read_text())
+    filed.write_text(json.dumps({"what": "...", "command": "yolo-ray bench --parity", "parity": bare}))
+    assert harness.merged_results(harness.ParitySettings(merge=f"{filed}:native")) == [
+        {**r, "from": "filed.json"} for r in earlier
+    ]
+    assert harness.file_header(str(filed))["gpu_name"] == "H"
     with pytest.raises(ConfigError, match="merge"):
         harness.merged_results(harness.ParitySettings(merge=str(tmp_path / "missing.json")))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -268,6 +269,26 @@ def test_decode_pool_reuses_its_shared_batches_in_turn(scenes: Path) -> None:
             want = np.empty((96, 96, 3), np.uint8)
             assert tuple(hw[k]) == image_decode.decode_into(want, data[i + k], files[i + k])
             assert np.array_equal(batch[k].numpy(), want)
+
+
+def test_decoding_processes_yield_the_cpu_only_beside_a_gpu(tmp_path: Path) -> None:
+    """Beside a GPU the decoding processes run niced (decode_pool.GPU_DECODE_NICENESS), so the training thread wins a
+    CPU they share; on a CPU device, where training takes every core, they keep this process's niceness."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context, shared_memory
+
+    pool = decode_pool.DecodePool(32, 1, processes=1, depth=1, device=torch.device("cpu"), input_bytes_per_image=64)
+    try:
+        assert pool.pool.submit(os.nice, 0).result() == os.nice(0)
+    finally:
+        pool.close()
+    shm = shared_memory.SharedMemory(create=True, size=8)
+    try:
+        args = (shm.name, (8,), decode_pool.GPU_DECODE_NICENESS)
+        with ProcessPoolExecutor(1, get_context("spawn"), initializer=image_decode.attach, initargs=args) as niced:
+            assert niced.submit(os.nice, 0).result() == min(19, os.nice(0) + decode_pool.GPU_DECODE_NICENESS)
+    finally:
+        shm.close(), shm.unlink()
 
 
 def test_arrow_batches_give_their_bytes_without_a_copy_an_image() -> None:

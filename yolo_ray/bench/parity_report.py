@@ -106,7 +106,7 @@ def merged_results(p: Any) -> list[dict[str, Any]]:
     for item in p.listed("merge"):
         f, _, only = item.partition(":")
         try:
-            rows = json.loads(Path(f).read_text())["results"]
+            rows = bench_file(f)["results"]
         except (OSError, ValueError, KeyError) as e:
             raise ConfigError("yolo-ray bench --parity", "merge", f"cannot read results from {f} ({e}).",
                               "pass result JSONs this benchmark wrote.") from None  # fmt: skip
@@ -118,9 +118,15 @@ def merged_results(p: Any) -> list[dict[str, Any]]:
     return list(out.values())
 
 
+def bench_file(f: str) -> dict[str, Any]:
+    """A file this benchmark wrote, bare or as filed in benchmarks/results/ (under "parity", with its command)."""
+    d = json.loads(Path(f).read_text())
+    return d.get("parity", d)
+
+
 def file_header(f: str) -> dict[str, Any]:
     """Where an earlier file's runs were measured."""
-    d = json.loads(Path(f).read_text())
+    d = bench_file(f)
     return {"file": Path(f).name, **{k: d.get(k) for k in ("gpu_name", "machine", "commit", "date")}}
 
 

@@ -25,6 +25,12 @@ from yolo_ray.data import image_decode
 from yolo_ray.data.packed_bytes import PackedBytes
 
 INPUT_BYTES_PER_IMAGE = 192 * 1024  # a shared input buffer's first size, per image (real-shaped JPEGs: ~130 KB); grows
+# Beside a GPU the decoders have slack (the training thread waited 0.005 s an epoch for batches) and the training
+# thread is the critical path, so they yield a shared CPU to it. On an H200, 10 000 images, epochs 2-3: 981 images/s
+# at niceness 10 against 956 at 0 (+2.6%, one pair of runs, not repeated in the other order;
+# benchmarks/results/2026-12-07-h200-stream-decode-niceness.json).
+# On a CPU device training takes every core and the decoders would starve there, so they stay at 0.
+GPU_DECODE_NICENESS = 10
 
 
 class Pending(NamedTuple):
@@ -54,7 +60,10 @@ class DecodePool:
         self.copied: list[torch.cuda.Event | None] = [None] * depth
         self.jobs: list[list[Future]] = [[] for _ in range(depth)]  # each shared batch's last writers
         self.pool = ProcessPoolExecutor(
-            self.processes, get_context("spawn"), initializer=image_decode.attach, initargs=(self.shm.name, shape)
+            self.processes,
+            get_context("spawn"),
+            initializer=image_decode.attach,
+            initargs=(self.shm.name, shape, GPU_DECODE_NICENESS if device.type == "cuda" else 0),
         )
 
     @staticmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -56,14 +57,15 @@ def resize_cpu(im: np.ndarray, imgsz: int) -> np.ndarray:
 _SHARED: dict[str, Any] = {}  # in a decoding process: the pool's shared host batches
 
 
-def attach(name: str, shape: tuple[int, ...]) -> None:
+def attach(name: str, shape: tuple[int, ...], niceness: int = 0) -> None:
     """A decoding process's initializer (decode_pool.py): maps the pool's shared host batches. One process per CPU,
-    so OpenCV runs single-threaded in it."""
+    so OpenCV runs single-threaded in it; at `niceness` it yields a CPU it shares to the training thread."""
     from multiprocessing import shared_memory
 
     import cv2
 
     cv2.setNumThreads(1)
+    os.nice(niceness)
     shm = shared_memory.SharedMemory(name=name)  # the pool's owner unlinks it
     _SHARED.update(shm=shm, batches=np.ndarray(shape, np.uint8, buffer=shm.buf))
 
