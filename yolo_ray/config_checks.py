@@ -260,6 +260,7 @@ def check_gpu_only(cfg: ExperimentConfig, use_gpu: bool, cpu_reason: str) -> Non
     gpu_only = {
         "train.sync_bn": (cfg.train.sync_bn, "SyncBatchNorm runs on NCCL"),
         "train.cuda_graphs": (cfg.train.cuda_graphs, "graphs replay CUDA work"),
+        "train.val_cuda_graphs": (cfg.train.val_cuda_graphs, "graphs replay CUDA work"),
     }
     for key, (wanted, why) in gpu_only.items():
         if wanted:
@@ -269,8 +270,12 @@ def check_gpu_only(cfg: ExperimentConfig, use_gpu: bool, cpu_reason: str) -> Non
 
 
 def check_cuda_graphs(cfg: ExperimentConfig) -> None:
-    """CUDA graphs cannot hold SyncBatchNorm's collectives, sit under torch.compile, or see freezing after capture."""
+    """CUDA graphs cannot hold SyncBatchNorm's collectives, sit under torch.compile, or see freezing after capture;
+    validation's graphs are inline validation's."""
     t = cfg.train
+    if t.val_cuda_graphs and t.val_async:
+        problem = "graphs inline validation's forward, and train.val_async validates elsewhere."
+        raise ConfigError(cfg.source, "train.val_cuda_graphs", problem, "set one of them false.")
     if not t.cuda_graphs:
         return
     for bad, problem, fix in (

@@ -69,6 +69,7 @@ class WorkerPlan:
     sync_bn: bool = False
     channels_last: bool = False
     cuda_graphs: bool = False
+    val_cuda_graphs: bool = False
     grad_clip: float = ULTRALYTICS_GRAD_CLIP  # train.grad_clip (worker/grad_norms.py)
     profile_steps: int = 0
     fault: FaultPlan = field(default_factory=FaultPlan)

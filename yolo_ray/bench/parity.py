@@ -132,7 +132,7 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
         epochs = sorted((int(e) for e in p.listed("epochs")), reverse=True)
         seeds = [int(x) for x in p.listed("seeds")]
         wanted = [(path, e, seed) for e in epochs for seed in seeds for path in p.listed("paths")]
-    gpu_only = ("graphs", "throughput")
+    gpu_only = ("graphs", "throughput", "valgraphs")
     bad = sorted({x for x, _, _ in wanted if x not in PATHS or (cpu and x in gpu_only)})
     if bad:
         allowed = "native, ultralytics, device" if cpu else ", ".join(PATHS)

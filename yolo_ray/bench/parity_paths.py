@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "valinline", "valasync", "valthread", "stream",
-         "streamcpu", "streamworker", "streamdevice")  # fmt: skip
+PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "valinline", "valgraphs", "valasync", "valthread",
+         "stream", "streamcpu", "streamworker", "streamdevice")  # fmt: skip
 DEFAULT_PATHS = PATHS[:5]
 # the fast path validating every epoch (the others validate once, at the end): inline, or by its own actor on a
 # quarter of the GPU (train.val_async, worker/async_val.py): what validation costs the training GPU's epoch
 VALIDATING = {
     "valinline": [],
+    "valgraphs": ["train.val_cuda_graphs=true"],  # inline, its forward replayed as CUDA graphs (worker/val_graphs.py)
     "valasync": ["train.val_async=true", "train.val_runner=actor"],  # a Ray actor
     "valthread": ["train.val_async=true", "train.val_runner=thread"],  # rank 0's process, a CUDA stream of its own
 }

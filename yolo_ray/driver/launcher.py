@@ -45,8 +45,9 @@ RUN_DEFINING = ("model", "data", "train")
 # What a stopped run may change when it resumes: yolo_ray's own settings (they are not in last.pt) and the few
 # Ultralytics takes from the command line on resume (imgsz, batch, close_mosaic); it restores the rest from last.pt.
 RESUMABLE_CHANGES = (
-    "train.cuda_graphs", "train.channels_last", "train.grad_clip", "train.sync_bn", "train.workers", "train.cache",
-    "train.callbacks", "train.imgsz", "train.batch", "train.close_mosaic", "data.loader", "data.device_cache",
+    "train.cuda_graphs", "train.val_cuda_graphs", "train.channels_last", "train.grad_clip", "train.sync_bn",
+    "train.workers", "train.cache", "train.callbacks", "train.imgsz", "train.batch", "train.close_mosaic",
+    "data.loader", "data.device_cache",
 )  # fmt: skip
 
 
@@ -137,6 +138,7 @@ def plan_workers(
         sync_bn=t.sync_bn,
         channels_last=t.channels_last,
         cuda_graphs=t.cuda_graphs,
+        val_cuda_graphs=t.val_cuda_graphs,
         grad_clip=t.grad_clip,
         profile_steps=run.profile_steps,
         fault=FaultPlan(run.fail_at_epoch, run.fail_rank, run.fail_at_batch),

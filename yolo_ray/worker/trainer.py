@@ -49,6 +49,7 @@ from yolo_ray.worker import batched_val, val_batches
 from yolo_ray.worker.checkpoint_writer import CheckpointWriter, weights_digest
 from yolo_ray.worker.grad_norms import GradNorms
 from yolo_ray.worker.inline_val_thread import InlineValThread, OnInlineValThread
+from yolo_ray.worker.val_graphs import EvalGraphs
 from yolo_ray.worker_plan import StreamPlan
 
 
@@ -75,6 +76,7 @@ class RayTrainer(BaseTrainer):
         device_cache: str = "auto",
         channels_last: bool = False,
         cuda_graphs: bool = False,
+        val_cuda_graphs: bool = False,
         grad_clip: float = ULTRALYTICS_GRAD_CLIP,
         val_async: bool = False,
         stream: StreamPlan | None = None,
@@ -92,6 +94,9 @@ class RayTrainer(BaseTrainer):
         self.async_val: Any = None
         self._val_timed: tuple[int, float] | None = None  # (epoch, seconds) of the latest validation
         self.val_thread: InlineValThread | None = None  # inline validation on a GPU (worker/inline_val_thread.py)
+        # its forward replayed as CUDA graphs (worker/val_graphs.py): made with the val thread
+        self.val_graphs: EvalGraphs | None = None
+        self.val_cuda_graphs = val_cuda_graphs and device.type == "cuda"
         self.shard_indices: list[int] = []
         super().__init__(overrides=overrides)  # Ultralytics' init_seeds sets the kernel mode from `deterministic`
         if nbs is not None:  # on resume Ultralytics restores nbs from last.pt; the group may have another size now
@@ -219,10 +224,12 @@ class RayTrainer(BaseTrainer):
                 return self.async_val.epoch_end()
             return dict(self.metrics or {}), None
         started = time.perf_counter()
+        graphs = self.val_graphs.installed(self.ema.ema) if self.val_graphs and self.ema else contextlib.nullcontext()
         try:
-            if self.val_thread is not None:
-                return self.val_thread.run(super().validate)
-            return super().validate()
+            with graphs:
+                if self.val_thread is not None:
+                    return self.val_thread.run(super().validate)
+                return super().validate()
         finally:
             self._val_timed = (self.epoch, time.perf_counter() - started)
 
@@ -284,6 +291,8 @@ def _warm_validation(trainer: RayTrainer) -> None:
     batched = isinstance(trainer.validator, batched_val.BatchedDetectionValidator)
     nms = functools.partial(batched_val.warm_kernel, trainer.device) if batched else None
     trainer.val_thread.warm(model, trainer.validator.dataloader, half=bool(trainer.amp), then=nms)
+    if trainer.val_cuda_graphs:
+        trainer.val_graphs = EvalGraphs()
 
 
 def _set_sampler_epoch(trainer: RayTrainer) -> None:
