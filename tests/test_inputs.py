@@ -92,6 +92,7 @@ SETTINGS = [
     (["task=segment"], "task", "is segment, but the model yolo11n.yaml is a detect model"),
     (["model=yolo11n-seg.yaml", "data.loader=device"], "data.loader", "moves boxes and keypoints only"),
     (["model=yolo11n-pose.yaml", "train.cuda_graphs=true"], "train.cuda_graphs", "detection only"),
+    (["model=yolo11n-seg.yaml", "train.val_cuda_graphs=true"], "train.val_cuda_graphs", "detection only"),
     (["data.max_bad_fraction=2"], "data.max_bad_fraction", "between 0 and 1"),
 ]
 

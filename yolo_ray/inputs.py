@@ -158,13 +158,14 @@ def check_task_paths(cfg: ExperimentConfig, task: str) -> None:
             f"is `stream`, which reads detection labels (boxes) only; a {task} model needs its own labels.",
             "use data.loader=device (detect, pose) or ultralytics (every task) for this model.",
         )
-    if cfg.train.cuda_graphs and not tasks.get(task).cuda_graphs:
-        raise ConfigError(
-            cfg.source,
-            "train.cuda_graphs",
-            f"is measured and tested for detection only, not for a {task} model's heads.",
-            "set train.cuda_graphs=false (train.channels_last and AMP still apply).",
-        )
+    for key, on in (("train.cuda_graphs", cfg.train.cuda_graphs), ("train.val_cuda_graphs", cfg.train.val_cuda_graphs)):
+        if on and not tasks.get(task).cuda_graphs:
+            raise ConfigError(
+                cfg.source,
+                key,
+                f"is measured and tested for detection only, not for a {task} model's heads.",
+                f"set {key}=false (train.channels_last and AMP still apply).",
+            )
 
 
 # --------------------------------------------------------------------------------------------------- Ultralytics
