@@ -44,7 +44,8 @@ def test_on_the_cpu_validation_runs_eagerly_and_the_model_is_left_as_it_was() ->
 def test_replays_give_the_eager_forward_to_the_bit_and_follow_weights_updated_in_place() -> None:
     """As the validator calls it (inference mode, fp16 images under autocast, rect batches of two shapes): pass 1
     runs eagerly, pass 2 captures, pass 3 replays; every pass equals the eager forward. Then the weights move in
-    place, as the EMA's lerp moves them, and a replay gives the new weights' forward."""
+    place, as the EMA's lerp moves them, and a replay gives the new weights' forward; tensors made anew drop the
+    graphs (that validation runs eagerly)."""
     model, graphs = _model("cuda"), EvalGraphs()
     batches = [torch.rand(4, 3, 256, 320, device="cuda").half(), torch.rand(3, 3, 320, 256, device="cuda").half()]
 
@@ -65,4 +66,10 @@ def test_replays_give_the_eager_forward_to_the_bit_and_follow_weights_updated_in
     with graphs.installed(model):
         got = passes()
     assert all(_same(g, w) for g, w in zip(got, want, strict=True)) and len(graphs.graphs) == 2
+    held = [t.data for t in (*model.parameters(), *model.buffers())]  # so the new tensors cannot take their place
+    model.half().float()  # new tensors, as Ultralytics 8.3 casts the EMA for each validation: the graphs go
+    want = passes()
+    with graphs.installed(model):
+        got = passes()
+    assert all(_same(g, w) for g, w in zip(got, want, strict=True)) and not graphs.graphs and held
     assert "forward" not in model.__dict__

@@ -11,6 +11,8 @@ fp16 are captured as kernels, autocast's weight cache off). Val batches keep the
 batches of val_batches.py), so each shape is run eagerly the first time it is seen (its cuDNN plans, the allocator's
 blocks), captured the second and replayed from then on; the same kernels on the same inputs give the same numbers.
 Every graph shares one memory pool (they never run at once) and each replay's outputs are cloned before the next.
+An Ultralytics that casts the EMA to fp16 for each validation (8.3) gives it new tensors every time: the graphs are
+dropped each time, and validation stays eager.
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ class _Captured:
 class EvalGraphs:
     """Replays CUDA graphs of a model's eval forward, one per input (shape, dtype, layout, autocast dtype). Anything
     it cannot replay runs eagerly: training mode, grad enabled, a CPU tensor, extra arguments (augment=True). Another
-    model, or the same one with its tensors replaced (a resumed or repaired EMA), drops the graphs: they are captured
-    again."""
+    model, or the same one with any tensor elsewhere than at the capture (a resumed or repaired EMA, a cast), drops
+    the graphs: they are captured again."""
 
     def __init__(self) -> None:
         self.model: nn.Module | None = None
-        self.tensors: tuple[int, ...] = ()
+        self.tensors: tuple[int, ...] = ()  # where the model's tensors were when the graphs were captured
+        self.checked = False  # whether they were compared in this validation
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: set[tuple] = set()
         self.pool: Any = None
@@ -55,10 +58,10 @@ class EvalGraphs:
     @contextlib.contextmanager
     def installed(self, model: nn.Module) -> Iterator[EvalGraphs]:
         """While open, calls of `model` (as the validator makes them) go through `forward`."""
-        tensors = tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers()))
-        if model is not self.model or tensors != self.tensors:
-            self.model, self.tensors = model, tensors
+        if model is not self.model:
+            self.model, self.tensors = model, ()
             self.graphs.clear(), self.seen.clear()
+        self.checked = False
         model.forward = self.forward  # an instance attribute: nn.Module.__call__ finds it before the class's
         try:
             yield self
@@ -71,6 +74,12 @@ class EvalGraphs:
         eager = type(self.model).forward.__get__(self.model)
         if self.failed or args or any(kwargs.values()) or not self._graphable(x):
             return eager(x, *args, **kwargs)
+        if not self.checked:  # at the first call, after whatever the validator did to the model (a cast)
+            self.checked = True
+            tensors = _tensor_addresses(self.model)
+            if tensors != self.tensors:  # not the tensors the graphs read: they go
+                self.tensors = tensors
+                self.graphs.clear(), self.seen.clear()
         amp = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
         key = (tuple(x.shape), x.dtype, x.stride(), amp)
         if key in self.graphs:
@@ -106,6 +115,13 @@ class EvalGraphs:
         ):
             out = eager(static)
         return _Captured(graph, static, out)
+
+
+def _tensor_addresses(model: nn.Module) -> tuple[int, ...]:
+    """Where every tensor a graph of the forward reads lives: parameters, buffers and the heads' strides (a plain
+    attribute, which Ultralytics' model casts with the rest)."""
+    strides = [m.stride for m in model.modules() if hasattr(m, "anchors") and torch.is_tensor(getattr(m, "stride", 0))]
+    return tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers(), *strides))
 
 
 def _forget_anchor_shapes(model: nn.Module) -> None:
