@@ -63,7 +63,11 @@ def test_coco_recipe_is_the_4gpu_recipe() -> None:
         (["train.cuda_graphs=true", "train.extra.compile=true"], "train.cuda_graphs", "drop one"),
         (["train.cuda_graphs=true", "train.extra.freeze=10"], "train.cuda_graphs", "freeze"),
         (["train.val_cuda_graphs=true", "scaling.use_gpu=false"], "train.val_cuda_graphs", "needs GPUs"),
-        (["train.val_cuda_graphs=true", "train.val_async=true"], "train.val_cuda_graphs", "val_async validates"),
+        (
+            ["train.val_cuda_graphs=true", "train.val_async=true", "train.val_runner=actor"],
+            "train.val_cuda_graphs",
+            "actor has none",
+        ),
         (["train.val_async=true", "train.val=false"], "train.val_async", "train.val: true"),
         (["train.val_async=true", "train.val_gpus=0.25"], "train.val_gpus", "train.val_runner: actor"),
         (

@@ -271,11 +271,12 @@ def check_gpu_only(cfg: ExperimentConfig, use_gpu: bool, cpu_reason: str) -> Non
 
 def check_cuda_graphs(cfg: ExperimentConfig) -> None:
     """CUDA graphs cannot hold SyncBatchNorm's collectives, sit under torch.compile, or see freezing after capture;
-    validation's graphs are inline validation's."""
+    validation's graphs need validation on a GPU."""
     t = cfg.train
-    if t.val_cuda_graphs and t.val_async:
-        problem = "graphs inline validation's forward, and train.val_async validates elsewhere."
-        raise ConfigError(cfg.source, "train.val_cuda_graphs", problem, "set one of them false.")
+    if t.val_cuda_graphs and t.val_async and t.val_runner == "actor" and t.val_gpus <= 0:
+        problem = "graphs validation's forward on a GPU, and the validation actor has none (train.val_gpus is 0)."
+        fix = "set train.val_gpus (e.g. 0.25), train.val_runner: thread, or train.val_cuda_graphs: false."
+        raise ConfigError(cfg.source, "train.val_cuda_graphs", problem, fix)
     if not t.cuda_graphs:
         return
     for bad, problem, fix in (

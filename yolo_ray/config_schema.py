@@ -86,7 +86,8 @@ class TrainSection:
     sync_bn: bool = False
     channels_last: bool = False  # NHWC model and inputs: faster convolutions under AMP on recent GPUs
     cuda_graphs: bool = False  # the model's forward and backward replayed as CUDA graphs (worker/cuda_graphs.py)
-    # inline validation's forward on a GPU replayed as CUDA graphs, one per val batch shape (worker/val_graphs.py)
+    # validation's forward on a GPU (inline, or val_async's validator) replayed as CUDA graphs, one per val batch shape
+    # (worker/val_graphs.py)
     val_cuda_graphs: bool = False
     cache: bool | Literal["ram", "disk"] = False
     workers: int = 2  # data loader processes per Ray worker

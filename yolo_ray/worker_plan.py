@@ -22,6 +22,7 @@ class ValAsyncSettings:
     gpus: float = 0.0
     cpus: float = 1.0
     fail_at_epoch: int | None = None  # fault injection: validating this (0-based) epoch fails, once (Validator)
+    cuda_graphs: bool = False  # train.val_cuda_graphs: the forward on its GPU replayed (worker/val_graphs.py)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def plan_workers(
     val_async = None
     if t.val_async:
         fail = None if run.fail_val_at_epoch is None else run.fail_val_at_epoch - 1
-        val_async = ValAsyncSettings(t.val_runner, t.val_gpus, t.val_cpus, fail)
+        val_async = ValAsyncSettings(t.val_runner, t.val_gpus, t.val_cpus, fail, cuda_graphs=t.val_cuda_graphs)
     return WorkerPlan(
         overrides=inputs.ultralytics_overrides(cfg, checked.model, data_yaml, run_dir / "train", checked.task),
         run_dir=str(run_dir),

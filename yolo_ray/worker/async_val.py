@@ -47,6 +47,7 @@ from torch import nn
 from yolo_ray.console import say
 from yolo_ray.worker import val_batches
 from yolo_ray.worker.checkpoint_writer import AWAITING_PREFIX, awaiting_dir, host_copies
+from yolo_ray.worker.val_graphs import EvalGraphs
 from yolo_ray.worker_plan import ValAsyncSettings
 
 VAL_ATTEMPTS = 3  # submissions of one epoch's validation before it is given up
@@ -69,8 +70,10 @@ class Validator:
     a thread of its own, its GPU work on a CUDA stream of its own)."""
 
     def __init__(self, overrides: dict, model: nn.Module, batch: int, workers: int | None, fault: dict,
-                 device: str | None = None):  # fmt: skip
-        """device: the training device when built in the training process; None in an actor (Ray's GPU, if any)."""
+                 device: str | None = None, cuda_graphs: bool = False):  # fmt: skip
+        """device: the training device when built in the training process; None in an actor (Ray's GPU, if any);
+        cuda_graphs: the forward replayed as CUDA graphs on a GPU (train.val_cuda_graphs; the weights are loaded
+        into the same tensors every epoch, so the graphs read each epoch's)."""
         from yolo_ray import tasks, ultralytics_env
 
         self.in_process = device is not None
@@ -105,6 +108,7 @@ class Validator:
         trainer.stopper = type("Stopper", (), {"possible_stop": False})()
         self.trainer = trainer
         self.stream = torch.cuda.Stream(self.device) if self.in_process and self.device.type == "cuda" else None
+        self.graphs = EvalGraphs() if cuda_graphs and self.device.type == "cuda" else None
         self.fault_epoch = fault.get("epoch")
         self.fault_marker = here / ".fault_done"
 
@@ -129,7 +133,8 @@ class Validator:
             t.model.load_state_dict(state)
             t.epoch, t.epochs = epoch, epoch + 2  # not the last epoch: no plots
             t.loss_items = {k: torch.zeros(shape, device=self.device) for k, shape in loss_shapes.items()}
-            with undistributed_validation() if self.in_process else contextlib.nullcontext():
+            graphs = self.graphs.installed(t.model) if self.graphs is not None else contextlib.nullcontext()
+            with undistributed_validation() if self.in_process else contextlib.nullcontext(), graphs:
                 metrics = self.validator(trainer=t)
         fitness = metrics.pop("fitness", None)
         return {
@@ -238,15 +243,16 @@ class AsyncValidation:
         overrides = {**vars(t.args), "task": t.args.task, "save_dir": str(t.save_dir)}
         per_worker = t.batch_size // max(t.world_size, 1)
         fault = {"epoch": self.settings.fail_at_epoch}
+        graphs = self.settings.cuda_graphs
         model = copy.deepcopy(t.ema.ema).float()
         model.criterion = None  # training-only state (an actor could not unpickle its device tensors); rebuilt lazily
         if self.settings.runner == "thread":
-            self.local = Validator(overrides, model, per_worker, None, fault, device=str(t.device))
+            self.local = Validator(overrides, model, per_worker, None, fault, device=str(t.device), cuda_graphs=graphs)
             self.pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="yolo_ray-val")
             return
         # the actor is made again from these if its process dies: rank 0 keeps them (and the model in Ray's store)
         workers = max(1, int(self.settings.cpus) // 2)  # Ultralytics doubles it for a val loader: one per CPU
-        self.actor_args = (overrides, ray.put(model.to("cpu")), per_worker, workers, fault)
+        self.actor_args = (overrides, ray.put(model.to("cpu")), per_worker, workers, fault, None, graphs)
         self._start_actor()
 
     def _start_actor(self) -> None:

@@ -1,4 +1,4 @@
-"""CUDA graphs for inline validation's forward pass (train.val_cuda_graphs).
+"""CUDA graphs for validation's forward pass on a GPU (train.val_cuda_graphs): inline, or in val_async's validator.
 
 Validating YOLO11n's 600 val images on an H100 took ~0.28 s an epoch, ~0.16 s of it the forward pass: ~0.26 ms an
 image at 32 images a batch, a few times what its arithmetic needs, so the host's launches of a few hundred small
@@ -12,7 +12,9 @@ batches of val_batches.py), so each shape is run eagerly the first time it is se
 blocks), captured the second and replayed from then on; the same kernels on the same inputs give the same numbers.
 Every graph shares one memory pool (they never run at once) and each replay's outputs are cloned before the next.
 An Ultralytics that casts the EMA to fp16 for each validation (8.3) gives it new tensors every time: the graphs are
-dropped each time, and validation stays eager.
+dropped each time, and validation stays eager. val_async's validator (worker/async_val.py) loads each epoch's weights
+into its model's own tensors, which the graphs read as they read the live EMA's. There the saving is also the GIL's:
+on the `thread` runner, an eager forward's launches contend with the training thread's.
 """
 
 from __future__ import annotations
