@@ -1,8 +1,12 @@
 """worker/val_graphs.py: inline validation's forward replayed as CUDA graphs gives the eager forward's outputs to the
 bit, follows the EMA's weights as they are updated in place, and leaves the model as it found it. The replay itself
-needs a GPU; on the CPU the model runs eagerly through the same seam."""
+needs a GPU; on the CPU the model runs eagerly through the same seam. val_async's validator with graphs gives the
+eager validator's metrics."""
 
 from __future__ import annotations
+
+import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,3 +77,30 @@ def test_replays_give_the_eager_forward_to_the_bit_and_follow_weights_updated_in
         got = passes()
     assert all(_same(g, w) for g, w in zip(got, want, strict=True)) and not graphs.graphs and held
     assert "forward" not in model.__dict__
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU"))]
+)
+def test_the_async_validator_with_graphs_gives_the_eager_validators_metrics(shapes_small: Path, tmp_path: Path,
+                                                                          device: str) -> None:  # fmt: skip
+    """train.val_async's validator (the thread runner's, in this process) with train.val_cuda_graphs: three epochs'
+    weights loaded into its model (eager, captured, replayed) give the eager validator's metrics and val losses to
+    the bit; on the CPU there is nothing to graph and it validates eagerly."""
+    from yolo_ray.worker.async_val import Validator
+
+    overrides = {"model": "yolo11n.yaml", "data": str(shapes_small / "data.yaml"), "imgsz": 64, "task": "detect",
+                 "epochs": 3, "batch": 8, "workers": 0, "plots": False, "verbose": False}  # fmt: skip
+    torch.manual_seed(0)
+    model = DetectionModel("yolo11n.yaml", nc=3, verbose=False)  # shapes_small's classes
+    made = {g: Validator({**overrides, "save_dir": str(tmp_path / str(g))}, copy.deepcopy(model), 8, 0, {},
+                         device=device, cuda_graphs=g) for g in (False, True)}  # fmt: skip
+    assert (made[True].graphs is not None) == (device == "cuda") and made[False].graphs is None
+    shapes = dict.fromkeys(("box_loss", "cls_loss", "dfl_loss"), ())
+    for epoch in range(3):
+        state = {k: v * (1 + 0.05 * epoch) if v.dtype.is_floating_point else v for k, v in model.state_dict().items()}
+        out = {g: v.validate(epoch, {k: t.to(device) for k, t in state.items()}, shapes) for g, v in made.items()}
+        assert out[True]["metrics"] == out[False]["metrics"] and out[True]["fitness"] == out[False]["fitness"], epoch
+        assert any(v != 0 for k, v in out[False]["metrics"].items() if "loss" in k)  # something to compare
+    if device == "cuda":
+        assert made[True].graphs.graphs and not made[True].graphs.failed  # it did replay
