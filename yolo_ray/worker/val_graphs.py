@@ -33,8 +33,9 @@ from yolo_ray.console import say
 class _Captured:
     """One input shape's graph, its static input and its static outputs."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph, x: torch.Tensor, out: Any):
+    def __init__(self, graph: torch.cuda.CUDAGraph, x: torch.Tensor, out: Any, anchors: list[torch.Tensor]):
         self.graph, self.x, self.out = graph, x, out
+        self.anchors = anchors  # the heads' anchors it reads, kept alive when the heads make another shape's
 
     def __call__(self, x: torch.Tensor) -> Any:
         self.x.copy_(x)
@@ -108,15 +109,21 @@ class EvalGraphs:
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        _forget_anchor_shapes(self.model)  # so the head's anchors for this shape are made inside the graph
-        # captured on this thread alone (the training thread may hold graphs of its own); a captured graph cannot
-        # use autocast's weight cache (it would keep the first weights' fp16 copies)
-        with (
-            torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
-            torch.autocast("cuda", dtype=amp or torch.float16, enabled=amp is not None, cache_enabled=False),
-        ):
+
+        # a captured graph cannot use autocast's weight cache (it would keep the first weights' fp16 copies)
+        def autocast() -> Any:
+            return torch.autocast("cuda", dtype=amp or torch.float16, enabled=amp is not None, cache_enabled=False)
+
+        # the heads make a shape's anchors from CPU aranges copied to the GPU, which a capture refuses (Ultralytics
+        # 8.4.190's make_anchors; seen on an H100): made once eagerly here, and the graph reads them as they are
+        _forget_anchor_shapes(self.model)
+        with autocast():
+            eager(static)
+        anchors = _anchor_tensors(self.model)
+        # captured on this thread alone (the training thread may hold graphs of its own)
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), autocast():
             out = eager(static)
-        return _Captured(graph, static, out)
+        return _Captured(graph, static, out, anchors)
 
 
 def _tensor_addresses(model: nn.Module) -> tuple[int, ...]:
@@ -124,6 +131,12 @@ def _tensor_addresses(model: nn.Module) -> tuple[int, ...]:
     attribute, which Ultralytics' model casts with the rest)."""
     strides = [m.stride for m in model.modules() if hasattr(m, "anchors") and torch.is_tensor(getattr(m, "stride", 0))]
     return tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers(), *strides))
+
+
+def _anchor_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The heads' anchors and strides for the shape they last saw."""
+    return [t for m in model.modules() if hasattr(m, "anchors") for t in (m.anchors, getattr(m, "strides", None))
+            if torch.is_tensor(t)]  # fmt: skip
 
 
 def _forget_anchor_shapes(model: nn.Module) -> None:
