@@ -141,8 +141,8 @@ def _anchor_tensors(model: nn.Module) -> list[torch.Tensor]:
 
 def _forget_anchor_shapes(model: nn.Module) -> None:
     """Ultralytics' heads keep their anchors for the last input shape (`shape`, `shapes`) and make them again only
-    when it changes. Forgotten before a capture, so each graph makes its own (in its pool), and after, so an eager
-    call does not read anchors that live in a graph's pool."""
+    when it changes. Forgotten before a capture, so the eager call just before it makes that shape's (which the
+    graph then reads), and when validation ends, so the model leaves it as it found it."""
     for m in model.modules():
         if hasattr(m, "anchors"):
             for attr in ("shape", "shapes"):
