@@ -209,6 +209,34 @@ def test_clocks_count_only_from_runs_that_had_the_machine_alone() -> None:
     assert graphs["parity_decided"]["verdict"] == "undecided"  # one seed a side: no spread to judge by
 
 
+def test_throughput_mode_is_also_compared_with_plain_ultralytics_at_its_batch() -> None:
+    """`nativethroughput`: plain Ultralytics at throughput mode's batch and lr0, so a large batch's own cost on a
+    dataset is told apart from what yolo_ray's path costs; a labelled variant is compared with its own label's."""
+    (native, fast) = harness.plan(harness.ParitySettings(runs="nativethroughput-e30-s0,throughput-e30-s0"), cpu=False)
+    assert native.args[:3] == ["--native", "--device", "0"] and "train.lr0=0.04" in native.args
+    assert native.batch == fast.batch == 256 and "train.lr0=0.04" in fast.args
+    (cpu,) = harness.plan(harness.ParitySettings(runs="nativethroughput-e2-s0"), cpu=True)  # on a CPU too
+    assert cpu.args[:3] == ["--native", "--device", "cpu"]
+    rows = [_row("native-e30-s0", 0.70), _row("native-e30-s1", 0.68)]
+    rows += [_row("nativethroughput-e30-s0", 0.55), _row("nativethroughput-e30-s1", 0.57)]
+    rows += [_row("throughput-e30-s0", 0.56), _row("throughput-e30-s1", 0.57)]
+    summary = {r["path"]: r for r in harness.summarize(rows)}
+    fast_row = summary["throughput"]
+    assert fast_row["vs_native_mAP50-95"] == pytest.approx(-0.125)  # the issue's bar: native at its own batch
+    same = fast_row["vs_same_batch_native"]
+    assert same["path"] == "nativethroughput" and same["mAP50-95"] == pytest.approx(0.005)
+    assert same["paired"]["n"] == 2 and same["paired"]["mean"] == pytest.approx(0.005)
+    assert same["decided"]["verdict"] == "undecided"  # two seeds a side, +0.5 points: the interval is wide
+    assert "vs_same_batch_native" not in summary["native"] and "vs_same_batch_native" not in summary["nativethroughput"]
+    lr02 = {**_row("throughput-e30-s0", 0.5), "path": "throughput.lr02", "name": "throughput.lr02-e30-s0"}
+    labelled = harness.summarize([lr02, _row("nativethroughput-e30-s0", 0.55)])
+    assert all("vs_same_batch_native" not in r for r in labelled)  # no nativethroughput.lr02 to compare with
+    same_label = {**_row("nativethroughput-e30-s0", 0.45), "path": "nativethroughput.lr02"}
+    (row,) = [r for r in harness.summarize([lr02, same_label]) if r["path"] == "throughput.lr02"]
+    assert row["vs_same_batch_native"]["path"] == "nativethroughput.lr02"
+    assert row["vs_same_batch_native"]["mAP50-95"] == pytest.approx(0.05)
+
+
 def test_a_run_of_another_benchmark_call_makes_clocks_contended(tmp_path: Path) -> None:
     """Two `bench --parity` calls at once on one host: each call's runs see the other's through the shared ledger.
     A run still going counts while its process lives; one whose process died without an end line does not."""

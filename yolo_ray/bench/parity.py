@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from yolo_ray import gitinfo
 from yolo_ray import run_layout as layout
 from yolo_ray.bench import coco_eval, environment
-from yolo_ray.bench.parity_paths import DEFAULT_PATHS, PATHS, SHARED_GPU, VAL_CPUS, VALIDATING
+from yolo_ray.bench.parity_paths import DEFAULT_PATHS, LARGE_BATCH, PATHS, SHARED_GPU, VAL_CPUS, VALIDATING
 from yolo_ray.bench.parity_report import combine, file_header, mark_contended, merged_results, print_table, summarize
 from yolo_ray.bench.run_ledger import RunLedger
 from yolo_ray.bench.variant_run import GRAPHS, BenchSettings, device_path, run_variant, throughput_lr0
@@ -143,6 +143,7 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
     fast = [] if cpu else ["train.channels_last=true"]
     args = {
         "native": ["--native", "--device", "cpu" if cpu else "0"],
+        "nativethroughput": ["--native", "--device", "cpu" if cpu else "0"],  # at throughput mode's batch and lr0
         "ultralytics": [*use, *fast],
         "device": [*use, *device_path(BenchSettings())],
         "graphs": [*use, *device_path(BenchSettings()), *GRAPHS],
@@ -159,8 +160,9 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
         args[v] = [*use, *device_path(BenchSettings()), *on_gpu, *extra]
     out = []
     for path, epochs, seed in wanted:
-        batch = p.throughput_batch_per_gpu if path == "throughput" else p.batch_per_gpu
-        extra = [f"train.lr0={throughput_lr0(batch)}"] if path == "throughput" else []
+        large = path in LARGE_BATCH
+        batch = p.throughput_batch_per_gpu if large else p.batch_per_gpu
+        extra = [f"train.lr0={throughput_lr0(batch)}"] if large else []
         out.append(Entry(path, epochs, seed, [*args[path], *extra], batch, str(p.label)))
     return out
 

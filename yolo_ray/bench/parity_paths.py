@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "valinline", "valgraphs", "valasync", "valthread",
-         "stream", "streamcpu", "streamworker", "streamdevice")  # fmt: skip
+PATHS = ("native", "ultralytics", "device", "graphs", "throughput", "nativethroughput", "valinline", "valgraphs",
+         "valasync", "valthread", "stream", "streamcpu", "streamworker", "streamdevice")  # fmt: skip
 DEFAULT_PATHS = PATHS[:5]
+# the large-batch paths: throughput mode's batch (throughput_batch_per_gpu) and its LR rule (lr0 linear in the batch)
+LARGE_BATCH = ("throughput", "nativethroughput")
+# a path compared also with plain Ultralytics at its own batch and LR: what the path costs, apart from the batch's cost
+SAME_BATCH_NATIVE = {"throughput": "nativethroughput"}
 # the fast path validating every epoch (the others validate once, at the end): inline, or by its own actor on a
 # quarter of the GPU (train.val_async, worker/async_val.py): what validation costs the training GPU's epoch
 VALIDATING = {

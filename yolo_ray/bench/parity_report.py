@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from yolo_ray.bench.parity_paths import PARITY_POINTS, PATHS, VALIDATING
+from yolo_ray.bench.parity_paths import PARITY_POINTS, PATHS, SAME_BATCH_NATIVE, VALIDATING
 from yolo_ray.config import ConfigError
 
 
@@ -74,7 +74,30 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row["train_speedup"] = round(native["train_s"] / row["train_s"], 2)
             if row["wall_s"] and native["wall_s"]:
                 row["wall_speedup"] = round(native["wall_s"] / row["wall_s"], 2)
+        same = _same_batch_native(row, rows)
+        if same:
+            row["vs_same_batch_native"] = _compared(row, same)
     return rows
+
+
+def _same_batch_native(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Plain Ultralytics at the row's own batch and LR rule (`throughput.lr02` -> `nativethroughput.lr02`)."""
+    base, dot, label = row["path"].partition(".")
+    if base not in SAME_BATCH_NATIVE:
+        return None
+    name = SAME_BATCH_NATIVE[base] + dot + label
+    return next((n for n in rows if n["path"] == name and n["epochs"] == row["epochs"]), None)
+
+
+def _compared(row: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    """The row's mean mAP50-95 against `ref`'s: the difference, paired seed by seed, and what the seeds decide."""
+    paired = [v - ref["by_seed"][k] for k, v in row["by_seed"].items() if k in ref["by_seed"]]
+    return {
+        "path": ref["path"],
+        "mAP50-95": round(row["mAP50-95"]["mean"] - ref["mAP50-95"]["mean"], 5),
+        "paired": {**(_spread(paired) or {}), "n": len(paired)},
+        "decided": decide_parity(list(row["by_seed"].values()), list(ref["by_seed"].values())),
+    }
 
 
 def decide_parity(path: list[float], native: list[float], bar: float = PARITY_POINTS) -> dict[str, Any]:
@@ -180,6 +203,15 @@ def print_table(report: dict[str, Any]) -> None:
         cells += [str(r[k]) for k in ("train_s", "startup_s", "wall_s")]
         cells += [",".join(map(str, r.get("timed_seeds", []))) or "-", f"{r['scorers_differ_by_max']:.5f}"]
         print(" | ".join(c.ljust(13) for c in cells))
+    for r in report.get("summary", []):
+        same = r.get("vs_same_batch_native")
+        if same:
+            paired = same["paired"]
+            pair = f", paired {paired['mean']:+.4f}±{paired['std']:.4f}" if paired.get("n") else ""
+            print(
+                f"{r['path']} ({r['epochs']} epochs) vs {same['path']}, plain Ultralytics at its batch and lr0: "
+                f"{same['mAP50-95']:+.4f}{pair}, {_decided_cell(same['decided'])}"
+            )
     print_epoch_clocks(report)
 
 
