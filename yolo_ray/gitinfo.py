@@ -15,3 +15,16 @@ def commit(cwd: str | Path | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+def dirty(cwd: str | Path | None = None) -> bool | None:
+    """Whether tracked files differ from HEAD (what ran is then not the commit alone: a GPU machine gets the landed
+    commit and the working tree's changes on top), or None outside a repository."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, timeout=10, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip())

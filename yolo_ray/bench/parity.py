@@ -352,6 +352,7 @@ def run(p: ParitySettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "uncompiled_packages": environment.check(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": os.environ.get("YOLO_RAY_COMMIT") or gitinfo.commit(Path(__file__).parent),
+        "commit_dirty": None if os.environ.get("YOLO_RAY_COMMIT") else gitinfo.dirty(Path(__file__).parent),
         "settings": asdict(p),
         "merged_from": [file_header(item.partition(":")[0]) for item in p.listed("merge")],
         "results": [],

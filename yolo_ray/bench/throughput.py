@@ -90,6 +90,7 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": os.environ.get("YOLO_RAY_COMMIT")
         or gitinfo.commit(Path(__file__).parent),  # the GPU machine gets no .git
+        "commit_dirty": None if os.environ.get("YOLO_RAY_COMMIT") else gitinfo.dirty(Path(__file__).parent),
         "settings": asdict(s),
         "results": results,
     }
