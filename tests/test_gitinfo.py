@@ -30,3 +30,10 @@ def test_a_changed_tracked_file_marks_the_commit_dirty(tmp_path: Path) -> None:
 
 def test_outside_a_repository_there_is_nothing_to_say(tmp_path: Path) -> None:
     assert gitinfo.commit(tmp_path) is None and gitinfo.dirty(tmp_path) is None
+
+
+def test_a_commit_given_by_the_environment_wins(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("YOLO_RAY_COMMIT", "abc1234")
+    assert gitinfo.provenance(tmp_path) == {"commit": "abc1234", "commit_dirty": None}
+    monkeypatch.delenv("YOLO_RAY_COMMIT")
+    assert gitinfo.provenance(tmp_path) == {"commit": None, "commit_dirty": None}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -28,3 +29,11 @@ def dirty(cwd: str | Path | None = None) -> bool | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return bool(out.stdout.strip())
+
+
+def provenance(cwd: str | Path | None = None) -> dict[str, str | bool | None]:
+    """What a result file says ran: YOLO_RAY_COMMIT when set (a copy without .git), else HEAD and whether the tree
+    had changes on top of it."""
+    if os.environ.get("YOLO_RAY_COMMIT"):
+        return {"commit": os.environ["YOLO_RAY_COMMIT"], "commit_dirty": None}
+    return {"commit": commit(cwd), "commit_dirty": dirty(cwd)}

@@ -88,9 +88,7 @@ def run(s: BenchSettings, cpu: bool, out_json: Path) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "uncompiled_packages": environment.check(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": os.environ.get("YOLO_RAY_COMMIT")
-        or gitinfo.commit(Path(__file__).parent),  # the GPU machine gets no .git
-        "commit_dirty": None if os.environ.get("YOLO_RAY_COMMIT") else gitinfo.dirty(Path(__file__).parent),
+        **gitinfo.provenance(Path(__file__).parent),
         "settings": asdict(s),
         "results": results,
     }
