@@ -9,26 +9,15 @@ from pathlib import Path
 
 def commit(cwd: str | Path | None = None) -> str | None:
     """HEAD of the repository that holds cwd (default: the working directory), or None outside one."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    out = _git(cwd, ["rev-parse", "HEAD"], timeout=5)
+    return (out or "").strip() or None
 
 
 def dirty(cwd: str | Path | None = None) -> bool | None:
     """Whether tracked files differ from HEAD (what ran is then not the commit alone: a GPU machine gets the landed
     commit and the working tree's changes on top), or None outside a repository."""
-    try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd, capture_output=True, text=True, timeout=10, check=True,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip())
+    out = _git(cwd, ["status", "--porcelain", "--untracked-files=no"], timeout=10)
+    return None if out is None else bool(out.strip())
 
 
 def provenance(cwd: str | Path | None = None) -> dict[str, str | bool | None]:
@@ -37,3 +26,12 @@ def provenance(cwd: str | Path | None = None) -> dict[str, str | bool | None]:
     if os.environ.get("YOLO_RAY_COMMIT"):
         return {"commit": os.environ["YOLO_RAY_COMMIT"], "commit_dirty": None}
     return {"commit": commit(cwd), "commit_dirty": dirty(cwd)}
+
+
+def _git(cwd: str | Path | None, args: list[str], timeout: float) -> str | None:
+    """git's standard output, or None where git is missing, fails (outside a repository) or hangs."""
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout

@@ -143,12 +143,12 @@ def plan(p: ParitySettings, cpu: bool) -> list[Entry]:
     fast = [] if cpu else ["train.channels_last=true"]
     args = {
         "native": ["--native", "--device", "cpu" if cpu else "0"],
-        "nativethroughput": ["--native", "--device", "cpu" if cpu else "0"],  # at throughput mode's batch and lr0
         "ultralytics": [*use, *fast],
         "device": [*use, *device_path(BenchSettings())],
         "graphs": [*use, *device_path(BenchSettings()), *GRAPHS],
         "throughput": [*use, *device_path(BenchSettings()), *GRAPHS],
     }
+    args["nativethroughput"] = args["native"]  # at throughput mode's batch and lr0 (LARGE_BATCH, below)
     # the fast path with data.loader=stream: its default decoder (data.stream_decode auto), OpenCV in Ray Data's CPU
     # tasks, OpenCV in the Train worker's processes, or nvJPEG on its GPU
     stream = [*use, "data.loader=stream", *fast, *([] if cpu else GRAPHS)]

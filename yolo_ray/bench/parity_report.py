@@ -63,13 +63,10 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         native = next((n for n in rows if n["path"] == "native" and n["epochs"] == row["epochs"]), None)
         if native and row["path"] != "native":
-            delta = row["mAP50-95"]["mean"] - native["mAP50-95"]["mean"]
-            row["vs_native_mAP50-95"] = round(delta, 5)
-            row["at_parity"] = delta >= -PARITY_POINTS
-            row["parity_decided"] = decide_parity(list(row["by_seed"].values()), list(native["by_seed"].values()))
-            # seed by seed (a seed fixes the initial weights on both sides): the spread of the difference itself
-            paired = [v - native["by_seed"][k] for k, v in row["by_seed"].items() if k in native["by_seed"]]
-            row["vs_native_paired"] = {**(_spread(paired) or {}), "n": len(paired)}
+            vs = _compared(row, native)
+            row["vs_native_mAP50-95"] = vs["mAP50-95"]
+            row["at_parity"] = row["mAP50-95"]["mean"] - native["mAP50-95"]["mean"] >= -PARITY_POINTS
+            row["parity_decided"], row["vs_native_paired"] = vs["decided"], vs["paired"]
             if row["train_s"] and native["train_s"]:
                 row["train_speedup"] = round(native["train_s"] / row["train_s"], 2)
             if row["wall_s"] and native["wall_s"]:
@@ -90,7 +87,8 @@ def _same_batch_native(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[
 
 
 def _compared(row: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
-    """The row's mean mAP50-95 against `ref`'s: the difference, paired seed by seed, and what the seeds decide."""
+    """The row's mean mAP50-95 against `ref`'s: the difference, paired seed by seed (a seed fixes the initial weights
+    on both sides: the spread of the difference itself), and what the seeds decide."""
     paired = [v - ref["by_seed"][k] for k, v in row["by_seed"].items() if k in ref["by_seed"]]
     return {
         "path": ref["path"],
