@@ -105,6 +105,23 @@ def test_bad_settings(
         assert f"{key}:" in text and words in text, text
 
 
+def test_reserved_aliases_are_refused_where_mlflow_has_moved_its_rule(
+    base: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's registry rules are private and were renamed once (3.18), which silently dropped this check: without
+    them the reserved aliases are still refused."""
+    from mlflow.utils import validation
+
+    for name in dir(validation):
+        if "alias" in name and name.startswith("_validate"):
+            monkeypatch.delattr(validation, name)
+    for alias in ("v7", "LATEST"):
+        for text in both(capsys, tmp_path, f"data.path={base / 'data.yaml'}", f"tracking.alias={alias}"):
+            assert "tracking.alias:" in text and "reserved" in text, text
+    code, text = run(capsys, "check", f"data.path={base / 'data.yaml'}", "tracking.alias=candidate")
+    assert code == 0, text[-2000:]
+
+
 def test_bad_model_files_and_storage(base: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(np.random.default_rng(0).bytes(4096))

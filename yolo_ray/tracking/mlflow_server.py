@@ -5,7 +5,9 @@ experiment. Each check raises ConfigError (exit 2) before any worker or GPU is s
 from __future__ import annotations
 
 import os
+import re
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -64,23 +66,45 @@ def check_reachable(cfg: ExperimentConfig, uri: str) -> None:
     )
 
 
+def reserved_alias(alias: str) -> None:
+    """The registry's reserved aliases, as MLflow documents them: `latest` and version-shaped names (v1, V2, ...)."""
+    if alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias):
+        raise ValueError(f"alias {alias!r} is reserved: MLflow keeps `latest` and version-shaped names (v1, V2, ...).")
+
+
+Rule = Callable[[str], None]
+# MLflow's registry rules, by every name they have had, and what stands in where none is found (they are private:
+# 3.18 renamed `_validate_model_alias_name*` to `_validate_alias_name*`, and a lookup that found neither had silently
+# dropped the check).
+Rules = tuple[tuple[tuple[str, ...], Rule | None], ...]
+_ALIAS_RULES: Rules = (
+    (("_validate_alias_name", "_validate_model_alias_name"), None),
+    (("_validate_alias_name_reserved", "_validate_model_alias_name_reserved"), reserved_alias),
+)
+_NAME_RULES: Rules = ((("_validate_model_name",), None),)
+
+
+def registry_rules(validation: Any, rules: Rules) -> list[Rule]:
+    """Each rule under the first of its names that `validation` has, else its stand-in."""
+    found = (next((getattr(validation, n) for n in names if hasattr(validation, n)), alt) for names, alt in rules)
+    return [rule for rule in found if rule is not None]
+
+
 def check(cfg: ExperimentConfig, uri: str) -> None:
     """Before any worker starts: the server answers, and the registry will take the model's name and alias (MLflow
     refuses an alias shaped like a version, `v1`, or `latest`: found after training, the model would never get it)."""
     check_reachable(cfg, uri)
     if not cfg.tracking.register:
         return
-    try:
-        from mlflow.utils import validation
-    except ImportError:
-        return
+    from mlflow.utils import validation
+
     for key, value, rules in (
-        ("tracking.alias", cfg.tracking.alias, ("_validate_model_alias_name", "_validate_model_alias_name_reserved")),
-        ("tracking.model_name", cfg.tracking.model_name, ("_validate_model_name",)),
+        ("tracking.alias", cfg.tracking.alias, _ALIAS_RULES),
+        ("tracking.model_name", cfg.tracking.model_name, _NAME_RULES),
     ):
-        for rule in (getattr(validation, r, None) for r in rules):
-            if value is None or rule is None:
-                continue
+        if value is None:
+            continue
+        for rule in registry_rules(validation, rules):
             try:
                 rule(value)
             except Exception as e:  # MlflowException: the registry's own rule, as its server applies it
