@@ -16,6 +16,7 @@ import pytest
 from conftest import ENV, yolo_ray
 
 from yolo_ray.bench import parity as harness
+from yolo_ray.bench import parity_report
 from yolo_ray.bench.run_ledger import RunLedger
 from yolo_ray.config import ConfigError, parse_overrides
 
@@ -235,6 +236,20 @@ def test_throughput_mode_is_also_compared_with_plain_ultralytics_at_its_batch() 
     (row,) = [r for r in harness.summarize([lr02, same_label]) if r["path"] == "throughput.lr02"]
     assert row["vs_same_batch_native"]["path"] == "nativethroughput.lr02"
     assert row["vs_same_batch_native"]["mAP50-95"] == pytest.approx(0.05)
+
+
+def test_validation_cost_is_also_read_from_the_epoch_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The epoch's end (after the batch loop) over the no-val run's, as a share of its epoch: inline validation's cost
+    without the noise of the two runs' training speeds, beside the whole epoch's ratio (the issue's bar)."""
+    history = [{"epoch": e, "epoch_time_s": 3.0 + e, "train_time_s": 2.5 + e, "val_s": 0.4} for e in (1, 2, 3, 4)]
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    clock = harness.epoch_clock(tmp_path)
+    assert clock["epoch_s"] == 5.5 and clock["end_of_epoch_s"] == 0.5  # epochs 2..3, the same for both
+    no_val = {**_row("graphs-e10-s0", 0.5), "epoch_s": 3.2, "end_of_epoch_s": 0.02}
+    inline = {**_row("valinline-e10-s0", 0.5), "epoch_s": 3.6, "end_of_epoch_s": 0.18}  # trained 0.24 s slower
+    parity_report.print_epoch_clocks({"results": [no_val, inline]})
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("valinline")]
+    assert [c.strip() for c in line.split("|")][1:5] == ["3.600", "+12.5%", "0.18", "+5.0%"]
 
 
 def test_a_run_of_another_benchmark_call_makes_clocks_contended(tmp_path: Path) -> None:

@@ -263,15 +263,19 @@ def run_one(
 def epoch_clock(run_dir: Path) -> dict[str, Any]:
     """From history.jsonl: the mean epoch (the training process's clock, validation included when inline) over
     epochs 2..n-1 (the first compiles and captures, the last validates best.pt or waits for the validations still
-    out), the mean validation seconds, the epoch with the best fitness, and the largest async validation lag."""
+    out) and, over the same epochs, its end (end_of_epoch_s: what the training thread does after its batch loop,
+    inline validation included; unlike the epoch, it does not move with another run's training speed); the mean
+    validation seconds, the epoch with the best fitness, and the largest async validation lag."""
     rows = read_history(run_dir)
     if not rows:
         return {}
     middle = rows[1:-1] or rows
     val = [r["val_s"] for r in rows if r.get("val_s") is not None]
+    ends = [r["epoch_time_s"] - r["train_time_s"] for r in middle if r.get("train_time_s") is not None]
     best = max(rows, key=lambda r: r.get("fitness", 0.0))
     return {
         "epoch_s": round(statistics.mean(r["epoch_time_s"] for r in middle), 3),
+        "end_of_epoch_s": round(statistics.mean(ends), 3) if ends else None,
         "val_s": round(statistics.mean(val), 3) if val else None,
         "best_epoch": best["epoch"] if best.get("fitness") else None,
         "val_lag_max": max((r.get("val_lag_epochs", 0) for r in rows), default=0),

@@ -220,27 +220,35 @@ def _decided_cell(d: dict[str, Any] | None) -> str:
     return d["verdict"] if d["verdict"] != "undecided" else f"? {d['seeds_a_side'] or '-'} seeds"
 
 
+def _end_share(run: dict[str, Any], ref: dict[str, Any] | None) -> str:
+    """How much longer the run's epoch end is than the no-val run's, as a share of the no-val epoch."""
+    end, ref_end = run.get("end_of_epoch_s"), ref.get("end_of_epoch_s") if ref else None
+    return f"{(end - ref_end) / ref['epoch_s']:+.1%}" if ref and end is not None and ref_end is not None else "-"
+
+
 def print_epoch_clocks(report: dict[str, Any]) -> None:
-    """Per run: the training process's mean epoch, validation's seconds and lag, the best epoch, and the mean epoch
-    over that of the same path validating only at the end (`graphs`, or `device` on CPUs; same epochs and seed):
-    validation's cost."""
+    """Per run: the training process's mean epoch, validation's seconds and lag, the best epoch, and validation's cost
+    against the same path validating only at the end (`graphs`, or `device` on CPUs; same epochs and seed) two ways:
+    the mean epoch over that run's (vs no val: the bar, but it moves with the two runs' training speeds, which differ
+    by several % on a shared host), and the epoch's end over that run's, as a share of that run's epoch (end vs no val:
+    inline validation's cost without that noise; with val_async it leaves out training slowed by the validator)."""
     runs = [r for r in report.get("results", []) if r.get("epoch_s") is not None and "error" not in r]
     if not any(r["path"] in VALIDATING for r in runs):
         return
     base = {
-        (r["epochs"], r["seed"]): r["epoch_s"]
+        (r["epochs"], r["seed"]): r
         for r in runs
         if r["path"] in ("graphs", "device") and not r.get("contended")  # graphs on a GPU, device on CPUs
     }
     print("\nepoch clocks (s; epochs 2..n-1; alone on the machine unless marked): validation's cost per epoch")
-    cols = ["run", "epoch_s", "vs no val", "val_s", "val lag max", "best epoch", "mAP50-95", "wall_s"]
-    print(" | ".join(c.ljust(13) for c in cols))
+    cols = ["run", "epoch_s", "vs no val", "end_s", "end vs no val", "val_s", "val lag max", "best epoch", "mAP50-95"]
+    print(" | ".join(c.ljust(13) for c in [*cols, "wall_s"]))
     for r in sorted(runs, key=lambda r: (r["epochs"], r["seed"], _order(r["path"]))):
-        ref = base.get((r["epochs"], r["seed"]))
-        share = f"{r['epoch_s'] / ref - 1:+.1%}" if ref and not r.get("contended") else "-"
+        ref = None if r.get("contended") else base.get((r["epochs"], r["seed"]))
+        share = f"{r['epoch_s'] / ref['epoch_s'] - 1:+.1%}" if ref else "-"
         cells = [r["name"] + (" (contended)" if r.get("contended") else ""), f"{r['epoch_s']:.3f}", share]
-        cells += [str(r.get("val_s")), str(r.get("val_lag_max")), str(r.get("best_epoch"))]
-        cells += [f"{r['ultralytics']['mAP50-95']:.5f}", str(r.get("wall_s"))]
+        cells += [str(r.get("end_of_epoch_s")), _end_share(r, ref), str(r.get("val_s")), str(r.get("val_lag_max"))]
+        cells += [str(r.get("best_epoch")), f"{r['ultralytics']['mAP50-95']:.5f}", str(r.get("wall_s"))]
         print(" | ".join(c.ljust(13) for c in cells))
     for r in report.get("reproduced", []):
         same = "the same" if r["earlier"] == r["now"] else "NOT the same"
