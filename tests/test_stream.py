@@ -460,6 +460,31 @@ def test_batches_copied_on_a_side_stream_fill_the_ring_as_on_the_cpu() -> None:
     assert torch.equal(a.valid, b.valid.cpu()) and torch.equal(a.boxes[a.valid], b.boxes.cpu()[b.valid.cpu()])
 
 
+READ_ONLY_PIXELS = """
+import numpy as np, torch
+from yolo_ray.data import feed_clock, stream_labels, stream_loader
+s = stream_loader.StreamLoader.__new__(stream_loader.StreamLoader)  # only what prepare() reads
+s.ring = stream_loader.RingCache(8, 64, torch.device("cpu"), max_boxes=8)
+s.copy_stream, s.decoder, s.feed_clock = None, None, feed_clock.FeedClock()
+pixels = np.full((2, 64, 64, 3), 7, np.uint8)
+pixels.flags.writeable = False  # as Ray Data hands them: views of its object store
+labels = np.array([stream_labels.pack("1 0.5 0.5 0.2 0.3")] * 2, dtype=object)
+rows = {"id": np.arange(2), "file": np.array(["a", "b"]), "pixels": pixels, "hw": np.array([[64, 48], [32, 64]]),
+        "labels": labels}
+batch = s.prepare(rows)
+assert batch.pixels.dtype == torch.uint8 and int(batch.pixels.sum()) == 7 * pixels.size
+"""
+
+
+def test_pixels_decoded_by_ray_data_come_through_without_torchs_warning() -> None:
+    """stream_decode=cpu: Ray Data hands the rank read-only arrays; the rank copies them (it never writes them), so
+    torch's warning about wrapping a non-writable array does not reach the user's terminal. A process of its own:
+    torch gives that warning once a process."""
+    proc = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", READ_ONLY_PIXELS], env=ENV,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @contextlib.contextmanager
 def local_stream(
     scenes: Path, shared_ray: SharedRay, tmp_path: Path, images: int, ray_decodes: bool, **loader: Any
@@ -736,6 +761,9 @@ def test_a_stream_run_repeats_itself_from_its_seed(scenes: Path, shared_ray: Sha
             cwd=tmp_path, env=shared_ray.env(),
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-5000:]
+        # what the user's terminal gets is yolo_ray's lines: none of Ray Data's warnings or notices (a deprecated
+        # option Ray Train passed on, "progress bars disabled")
+        assert all(ln.startswith("[yolo_ray] ") for ln in proc.stdout.splitlines() if ln.strip()), proc.stdout
         runs.append(tmp_path / name)
     records = [[(r["rank"], r["epoch"], r["ids"]) for r in stream_loader.read_records(run)] for run in runs]
     assert records[0] == records[1] and len(records[0]) == 2 * 2 * 16  # 2 epochs, 2 ranks, 16 batches of 8

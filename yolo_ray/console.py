@@ -28,6 +28,8 @@ RAY_NOISE = (
     "execution finished in",
     "Registered dataset logger for dataset",
     "Starting execution of Dataset",
+    # ... and once a run where its progress bars are off (stream_pipeline turns them off unless verbose)
+    "Progress bars disabled. To enable",
 )
 # Tracebacks Ray logs for what is safe to ignore, by their first line: the line, the traceback below it and its
 # closing exception line are dropped (verbose keeps them).

@@ -436,16 +436,13 @@ class StreamLoader:
         waits for the stream it is on)."""
         side, clock = self.copy_stream, clock or FeedClock()
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), clock.stage("prepare"):
-            host, sizes = None, None
             if self.decoder is None:  # decoded by Ray Data on CPUs
-                host, sizes = torch.from_numpy(rows["pixels"]), rows["hw"]
+                pixels, sizes = self.upload_pixels(rows["pixels"]), rows["hw"]
             elif pending is not None:  # decoded here, by this rank's OpenCV processes
                 with clock.stage("decode"):
                     host, sizes = self.decoder.slots(pending)
-            if host is not None:
                 pixels = self.upload(host)
-                if pending is not None:  # its shared host batch is free again once this copy is done
-                    self.decoder.procs.used(pending, side)
+                self.decoder.procs.used(pending, side)  # its shared host batch is free again once this copy is done
             else:  # decoded on the device
                 with clock.stage("decode"):
                     pixels, sizes = self.decoder(rows["data"], rows["file"])
@@ -456,6 +453,15 @@ class StreamLoader:
             hw = self.upload(torch.from_numpy(hw))
             ready = side.record_event() if side is not None else None
         return Prepared(rows["id"].tolist(), [str(f) for f in rows["file"]], pixels, hw, labels, ready)
+
+    def upload_pixels(self, pixels: np.ndarray) -> torch.Tensor:
+        """`upload` for Ray Data's uint8 pixels, a read-only array (its object store): copied, never wrapped, as
+        torch warns (on the user's terminal) when it wraps one."""
+        if self.copy_stream is None:
+            return torch.tensor(pixels, device=self.ring.device)
+        host = torch.empty(pixels.shape, dtype=torch.uint8, pin_memory=True)
+        host.numpy()[...] = pixels
+        return host.to(self.ring.device, non_blocking=True)
 
     def upload(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor to the device: through pinned memory (Torch's caching host allocator) without a wait."""

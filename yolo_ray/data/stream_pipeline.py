@@ -5,6 +5,7 @@ Ultralytics' load_image does; then split across the Train workers by Ray Train. 
 
 from __future__ import annotations
 
+import copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,8 +98,11 @@ def ingest_config(ordered: bool) -> Any:
     order on every run of a seed instead of the blocks as their tasks finish (the split then also ignores locality:
     which rank gets which block depends only on the order). Ray Train takes these from here, not from the Dataset."""
     import ray.train
+    from ray.data import DataContext
 
-    options = ray.train.DataConfig.default_ingest_options()
+    # DataConfig.default_ingest_options(), less its warning: it carries DataContext's options over, passing the
+    # deprecated exclude_resources (Ray 2.60 warns on every run's driver) to a new ExecutionOptions; a copy does not
+    options = copy.copy(DataContext.get_current().execution_options)
     options.preserve_order = ordered
     return ray.train.DataConfig(execution_options=options)
 
