@@ -81,3 +81,25 @@ def test_final_evals_validator_is_called_on_the_thread() -> None:
         assert validator.args.plots is False
     finally:
         thread.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams")
+def test_validation_is_ordered_with_a_training_stream_that_is_not_the_default() -> None:
+    """Training on a stream of its own (not the legacy default stream, which orders every other): validation still
+    reads what training queued before it, and training what validation queued."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    thread, x = InlineValThread(device), torch.zeros(1 << 20, device=device)
+    training = torch.cuda.Stream(device, priority=-1)
+
+    def late_write(value: float) -> None:
+        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU clock before the write lands
+        x.fill_(value)
+
+    try:
+        with torch.cuda.stream(training):
+            late_write(1.0)
+            assert thread.run(lambda: float(x.min())) == 1.0  # validation waited for training's write
+            thread.run(late_write, 2.0)
+            assert float(x.min()) == 2.0  # training waited for validation's write
+    finally:
+        thread.close()

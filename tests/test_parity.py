@@ -252,6 +252,12 @@ def test_validation_cost_is_also_read_from_the_epoch_end(tmp_path: Path, capsys:
     parity_report.print_epoch_clocks({"results": [no_val, inline]})
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("valinline")]
     assert [c.strip() for c in line.split("|")][1:5] == ["3.600", "+12.5%", "0.18", "+5.0%"]
+    # a variant of a validating path (overrides=... label=graphs) is costed as its path is, in its path's place
+    variant = {**inline, "name": "valthread.graphs-e10-s0", "path": "valthread.graphs", "epoch_s": 3.3}
+    parity_report.print_epoch_clocks({"results": [variant, no_val]})
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("graphs", "valthread"))]
+    assert [x.split()[0] for x in lines] == ["graphs-e10-s0", "valthread.graphs-e10-s0"]
+    assert [c.strip() for c in lines[1].split("|")][1:3] == ["3.300", "+3.1%"]
 
 
 def test_a_run_of_another_benchmark_call_makes_clocks_contended(tmp_path: Path) -> None:

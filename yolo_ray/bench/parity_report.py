@@ -23,7 +23,8 @@ def mark_contended(results: list[dict[str, Any]], others: Sequence[tuple[float, 
 
 
 def _order(path: str) -> int:
-    return PATHS.index(path) if path in PATHS else len(PATHS)
+    base = path.partition(".")[0]  # a labelled variant beside its path
+    return PATHS.index(base) if base in PATHS else len(PATHS)
 
 
 def _spread(values: list[float | None]) -> dict[str, float] | None:
@@ -233,7 +234,7 @@ def print_epoch_clocks(report: dict[str, Any]) -> None:
     by several % on a shared host), and the epoch's end over that run's, as a share of that run's epoch (end vs no val:
     inline validation's cost without that noise; with val_async it leaves out training slowed by the validator)."""
     runs = [r for r in report.get("results", []) if r.get("epoch_s") is not None and "error" not in r]
-    if not any(r["path"] in VALIDATING for r in runs):
+    if not any(r["path"].partition(".")[0] in VALIDATING for r in runs):  # `valthread.graphs`: a labelled variant
         return
     base = {
         (r["epochs"], r["seed"]): r

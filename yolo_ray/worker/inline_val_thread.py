@@ -49,7 +49,20 @@ class InlineValThread:
         if threading.get_ident() == self.ident:  # already on it (a validation that validates): no wait on itself
             return fn(*args, **kwargs)
         self._join_warm()
-        return self._pool.submit(fn, *args, **kwargs).result()
+        if self.device.type != "cuda":
+            return self._pool.submit(fn, *args, **kwargs).result()
+        # the caller's stream need not be the legacy default one (which orders every blocking stream): order
+        # validation after what the caller queued, and the caller after what validation queued
+        queued = torch.cuda.current_stream(self.device).record_event()
+        result, done = self._pool.submit(self._after, queued, fn, *args, **kwargs).result()
+        torch.cuda.current_stream(self.device).wait_event(done)
+        return result
+
+    def _after(self, queued: torch.cuda.Event, fn: Callable[..., T], *args: Any,
+               **kwargs: Any) -> tuple[T, torch.cuda.Event]:  # fmt: skip
+        torch.cuda.current_stream(self.device).wait_event(queued)
+        result = fn(*args, **kwargs)
+        return result, torch.cuda.current_stream(self.device).record_event()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -6,12 +6,14 @@ process group; this function imports Ultralytics only now, so Ultralytics sees t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -56,7 +58,8 @@ def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
         stack.callback(trainer.writer.close)  # on the way out: final_eval flushed the saves (or drain() waited)
         reporter = _attach(plan, trainer, run_dir, rank, resumed_from, revalidate, stack)
         try:
-            trainer.train()
+            with training_stream(device):
+                trainer.train()
         except BaseException:
             reporter.drain()  # an epoch that ended before the failure keeps its checkpoint
             raise
@@ -65,6 +68,22 @@ def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
             (run_dir / layout.FINAL_METRICS).write_text(json.dumps(final_metrics(trainer), indent=2))
             if plan.export and trainer.best.exists():
                 export_best(trainer.best, Path(overrides["data"]), trainer.args.imgsz, run_dir)
+
+
+@contextlib.contextmanager
+def training_stream(device: torch.device) -> Iterator[None]:
+    """TRIAL (issue #23): YOLO_RAY_TRAIN_STREAM_PRIORITY=-N puts the training thread's kernels on a CUDA stream of
+    that priority, so a validation thread's kernels (priority 0) take only the SMs training leaves."""
+    priority = os.environ.get("YOLO_RAY_TRAIN_STREAM_PRIORITY")
+    if not priority or device.type != "cuda":
+        yield
+        return
+    stream = torch.cuda.Stream(device, priority=int(priority))
+    stream.wait_stream(torch.cuda.current_stream(device))  # what the trainer's set-up queued before
+    say(f"[yolo_ray] training on a CUDA stream of priority {stream.priority} (trial)")
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream(device).wait_stream(stream)
 
 
 def _set_up_process(plan: WorkerPlan) -> tuple[Any, torch.device]:
