@@ -6,7 +6,6 @@ process group; this function imports Ultralytics only now, so Ultralytics sees t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -14,7 +13,7 @@ import socket
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +69,7 @@ def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
                 export_best(trainer.best, Path(overrides["data"]), trainer.args.imgsz, run_dir)
 
 
-@contextlib.contextmanager
+@contextmanager
 def training_stream(device: torch.device) -> Iterator[None]:
     """TRIAL (issue #23): YOLO_RAY_TRAIN_STREAM_PRIORITY=-N puts the training thread's kernels on a CUDA stream of
     that priority, so a validation thread's kernels (priority 0) take only the SMs training leaves."""
