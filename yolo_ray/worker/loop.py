@@ -12,8 +12,7 @@ import shutil
 import socket
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +56,7 @@ def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
         stack.callback(trainer.writer.close)  # on the way out: final_eval flushed the saves (or drain() waited)
         reporter = _attach(plan, trainer, run_dir, rank, resumed_from, revalidate, stack)
         try:
-            with training_stream(device):
-                trainer.train()
+            trainer.train()
         except BaseException:
             reporter.drain()  # an epoch that ended before the failure keeps its checkpoint
             raise
@@ -67,22 +65,6 @@ def train_loop_per_worker(config: dict[str, WorkerPlan]) -> None:
             (run_dir / layout.FINAL_METRICS).write_text(json.dumps(final_metrics(trainer), indent=2))
             if plan.export and trainer.best.exists():
                 export_best(trainer.best, Path(overrides["data"]), trainer.args.imgsz, run_dir)
-
-
-@contextmanager
-def training_stream(device: torch.device) -> Iterator[None]:
-    """TRIAL (issue #23): YOLO_RAY_TRAIN_STREAM_PRIORITY=-N puts the training thread's kernels on a CUDA stream of
-    that priority, so a validation thread's kernels (priority 0) take only the SMs training leaves."""
-    priority = os.environ.get("YOLO_RAY_TRAIN_STREAM_PRIORITY")
-    if not priority or device.type != "cuda":
-        yield
-        return
-    stream = torch.cuda.Stream(device, priority=int(priority))
-    stream.wait_stream(torch.cuda.current_stream(device))  # what the trainer's set-up queued before
-    say(f"[yolo_ray] training on a CUDA stream of priority {stream.priority} (trial)")
-    with torch.cuda.stream(stream):
-        yield
-    torch.cuda.current_stream(device).wait_stream(stream)
 
 
 def _set_up_process(plan: WorkerPlan) -> tuple[Any, torch.device]:
