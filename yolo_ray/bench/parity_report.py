@@ -22,8 +22,13 @@ def mark_contended(results: list[dict[str, Any]], others: Sequence[tuple[float, 
             r["contended"] = any(start < r["ended"] and r["started"] < end for start, end in spans)
 
 
+def _base_path(path: str) -> str:
+    """The path a labelled variant varies (`valthread.graphs` -> `valthread`); a path is its own."""
+    return path.partition(".")[0]
+
+
 def _order(path: str) -> int:
-    base = path.partition(".")[0]  # a labelled variant beside its path
+    base = _base_path(path)  # a labelled variant beside its path
     return PATHS.index(base) if base in PATHS else len(PATHS)
 
 
@@ -234,7 +239,7 @@ def print_epoch_clocks(report: dict[str, Any]) -> None:
     by several % on a shared host), and the epoch's end over that run's, as a share of that run's epoch (end vs no val:
     inline validation's cost without that noise; with val_async it leaves out training slowed by the validator)."""
     runs = [r for r in report.get("results", []) if r.get("epoch_s") is not None and "error" not in r]
-    if not any(r["path"].partition(".")[0] in VALIDATING for r in runs):  # `valthread.graphs`: a labelled variant
+    if not any(_base_path(r["path"]) in VALIDATING for r in runs):
         return
     base = {
         (r["epochs"], r["seed"]): r
