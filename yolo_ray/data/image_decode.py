@@ -15,12 +15,18 @@ PAD = 114.0  # Ultralytics' border grey
 
 def decode_into(slot: np.ndarray, data: bytes | memoryview, name: str) -> tuple[int, int]:
     """One image decoded and resized as load_image does it into an imgsz^2 slot (HWC, RGB), the rest of the slot
-    PAD; returns its (h, w). Resized in BGR, as load_image does, and turned RGB in the copy into the slot (one copy of
-    the image fewer than decode_cpu then resize_cpu). Called in processes (Ray Data's tasks, decode_pool.py): in
-    threads beside Python-heavy ones each GIL release costs a wait (decode_pool.py)."""
+    PAD; returns its (h, w). Resized in BGR, as load_image does, then turned RGB by OpenCV straight into the slot:
+    numpy's copy of a reversed-channel view (`im[..., ::-1]`) took a quarter of an image's time (3.3 against 4.4 ms an
+    image on one core of this repo's machine, the same pixels: `python benchmarks/decode_probe.py DIR N --cpu-only`).
+    Called in processes (Ray Data's tasks, decode_pool.py): in threads beside Python-heavy ones each GIL release
+    costs a wait (decode_pool.py)."""
+    import cv2
+
     im = resize_cpu(decode_bgr(data, name), slot.shape[0])
     h, w = im.shape[:2]
-    slot[:h, :w] = im[..., ::-1]
+    view = slot[:h, :w]
+    if cv2.cvtColor(im, cv2.COLOR_BGR2RGB, dst=view) is not view:  # an OpenCV that cannot write a strided view
+        view[...] = im[..., ::-1]
     slot[h:] = int(PAD)
     slot[:h, w:] = int(PAD)
     return h, w
