@@ -33,8 +33,11 @@ def decode_into(slot: np.ndarray, data: bytes | memoryview, name: str) -> tuple[
 
 
 def decode_cpu(data: bytes | memoryview, name: str) -> np.ndarray:
-    """RGB uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour) then its BGR -> RGB."""
-    return np.ascontiguousarray(decode_bgr(data, name)[..., ::-1])
+    """RGB uint8 HWC, as Ultralytics' imread (cv2.imdecode, colour) then its BGR -> RGB (OpenCV's turn: see
+    decode_into)."""
+    import cv2
+
+    return cv2.cvtColor(decode_bgr(data, name), cv2.COLOR_BGR2RGB)
 
 
 def decode_bgr(data: bytes | memoryview, name: str) -> np.ndarray:
