@@ -25,8 +25,9 @@ def decode_into(slot: np.ndarray, data: bytes | memoryview, name: str) -> tuple[
     im = resize_cpu(decode_bgr(data, name), slot.shape[0])
     h, w = im.shape[:2]
     view = slot[:h, :w]
-    if cv2.cvtColor(im, cv2.COLOR_BGR2RGB, dst=view) is not view:  # an OpenCV that cannot write a strided view
-        view[...] = im[..., ::-1]
+    rgb = cv2.cvtColor(im, cv2.COLOR_BGR2RGB, dst=view)
+    if rgb is not view:  # an OpenCV that would not write into a strided view gave an array of its own
+        view[...] = rgb
     slot[h:] = int(PAD)
     slot[:h, w:] = int(PAD)
     return h, w
